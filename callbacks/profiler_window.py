@@ -1,0 +1,373 @@
+"""The profiling window: cudaProfilerStart/Stop around chosen optimizer steps, NVTX ranges, emit_nvtx, Kineto.
+
+apex's ``--prof N`` in Lightning, for ``nsys profile --capture-range=cudaProfilerApi`` and
+``ncu --profile-from-start off``: the capture holds exactly the steps asked for, each step is an NVTX range
+``step N`` with children ``data``, ``forward``, ``backward`` and ``optimizer``, and the job ends cleanly after the
+last window, every rank at the same step.
+
+Range layout of one optimizer step (gradient accumulation repeats data/forward/backward per micro-batch)::
+
+    step N
+    ├── data       fetching the next batch: worker hand-off, pinned H2D copy and normalization issued
+    ├── forward    training_step: forward pass and loss
+    ├── backward   loss.backward(), DDP's gradient all-reduce overlapped inside it
+    └── optimizer  gradient unscale/clip hooks, optimizer.step(), scaler update
+
+``step N`` opens where Lightning starts fetching the step's batch, so the fetch belongs to the step, and closes
+after the optimizer step. Lightning fetches one batch ahead, so the ``data`` range of step N fetches the batch of
+step N+1, exactly like the original loop's ``prefetcher.next()`` at the end of its body.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.profilers import Profiler
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
+
+from callbacks.ranges import RangeStack
+
+try:
+    from typing_extensions import override
+except ImportError:  # pragma: no cover
+    from typing import override  # type: ignore[attr-defined,no-redef]
+
+#: Suffix of the action Lightning's training loop reports to ``trainer.profiler`` around each batch fetch.
+FETCH_ACTION = ".train_dataloader_next"
+
+
+class _FetchObserver(Profiler):
+    """Stands in for ``trainer.profiler`` to learn when the training loop fetches a batch; delegates everything.
+
+    Lightning has no callback hook before the fetch, but it reports the fetch to the profiler, whatever the
+    dataloader is.
+    """
+
+    def __init__(self, inner: Profiler, on_start: Callable[[], None], on_stop: Callable[[], None]) -> None:
+        self.__dict__.update(inner=inner, on_start=on_start, on_stop=on_stop)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def start(self, action_name: str) -> None:
+        if action_name.endswith(FETCH_ACTION):
+            self.on_start()
+        self.inner.start(action_name)
+
+    def stop(self, action_name: str) -> None:
+        self.inner.stop(action_name)
+        if action_name.endswith(FETCH_ACTION):
+            self.on_stop()
+
+    def summary(self) -> str:
+        return self.inner.summary()
+
+
+class ProfilerWindow(Callback):
+    """Opens a CUDA profiler window over chosen optimizer steps and marks every step with NVTX ranges.
+
+    Off unless ``start_step`` is given. Nsight Systems then records just the window::
+
+        nsys profile -s none -t cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=stop \\
+            -o resnet50 python train.py --config configs/resnet50_imagenet.yaml --profile.start_step 20
+
+    Args:
+        start_step: First optimizer step (Lightning's ``global_step``, 0-based) inside the window; a list opens
+            one window per entry (use ``nsys --capture-range-end=repeat``). ``null`` turns profiling off.
+        num_steps: Optimizer steps per window.
+        ranks: Global ranks that open the CUDA profiler window (and write Kineto traces); ``null`` means all.
+        exit_after: After the last window every rank stops at the same step, skips the validation and checkpoint
+            that would follow, and the process exits 0.
+        nvtx: NVTX ranges ``step N`` > ``data``/``forward``/``backward``/``optimizer`` around every step (not only
+            inside the window; they cost well under 1% of a step).
+        emit_nvtx: ``torch.autograd.profiler.emit_nvtx`` inside the window: one NVTX range per autograd op (large
+            overhead, so never outside the window).
+        record_shapes: Record input shapes in the emit_nvtx ranges / the Kineto trace.
+        torch_profiler: Also record a Kineto trace (``torch.profiler``) of the window, one file per global rank,
+            with the same ``step N`` ranges; open it in Perfetto or TensorBoard.
+        trace_dir: Folder of the Kineto traces; default ``<run folder>/traces``.
+
+    Raises:
+        ValueError: For a negative ``start_step``, ``num_steps < 1``, negative or repeated ``ranks``, overlapping
+            windows, ``emit_nvtx`` together with ``torch_profiler``, or window options without ``start_step``; at
+            setup, for a rank that is not below the world size.
+    """
+
+    def __init__(
+        self,
+        start_step: int | list[int] | None = None,
+        num_steps: int = 10,
+        ranks: list[int] | None = None,
+        exit_after: bool = True,
+        nvtx: bool = True,
+        emit_nvtx: bool = False,
+        record_shapes: bool = False,
+        torch_profiler: bool = False,
+        trace_dir: str | None = None,
+    ) -> None:
+        starts = [] if start_step is None else [start_step] if isinstance(start_step, int) else list(start_step)
+        if any(not isinstance(s, int) or s < 0 for s in starts):
+            raise ValueError(f"profile.start_step must be optimizer steps >= 0 (0-based global_step), got {start_step}")
+        if num_steps < 1:
+            raise ValueError(f"profile.num_steps must be >= 1, got {num_steps}")
+        if ranks is not None and (any(r < 0 for r in ranks) or len(set(ranks)) != len(ranks)):
+            raise ValueError(f"profile.ranks must be distinct global ranks >= 0, got {ranks}")
+        if emit_nvtx and torch_profiler:
+            raise ValueError(
+                "profile.emit_nvtx and profile.torch_profiler cannot both be on: they use the same autograd profiler "
+                "('Profiler is already enabled on this thread'); pick emit_nvtx for Nsight, torch_profiler for Kineto"
+            )
+        if not starts and (emit_nvtx or torch_profiler or record_shapes):
+            raise ValueError(
+                "profile.emit_nvtx/torch_profiler/record_shapes need profile.start_step to place the window"
+            )
+        if record_shapes and not (emit_nvtx or torch_profiler):
+            raise ValueError(
+                "profile.record_shapes applies to profile.emit_nvtx or profile.torch_profiler; turn one on"
+            )
+        self.windows = sorted((s, s + num_steps) for s in starts)
+        for (a_start, a_end), (b_start, b_end) in zip(self.windows, self.windows[1:], strict=False):
+            if b_start < a_end:
+                raise ValueError(
+                    f"profile.start_step: windows [{a_start}, {a_end}) and [{b_start}, {b_end}) overlap "
+                    f"with num_steps={num_steps}; start windows at least num_steps apart"
+                )
+        self.num_steps = num_steps
+        self.ranks = ranks
+        self.exit_after = exit_after
+        self.emit_nvtx = emit_nvtx
+        self.record_shapes = record_shapes
+        self.torch_profiler = torch_profiler
+        self.trace_dir = trace_dir
+        self.ranges = RangeStack(enabled=nvtx)
+        self.trace_files: list[Path] = []
+        self._step: int | None = None  # the optimizer step whose range is open
+        self._window: tuple[int, int] | None = None  # the window being recorded
+        self._profiling_here = False  # this rank opened the CUDA profiler / emit_nvtx / Kineto for the window
+        self._cuda = False
+        self._emit: Any = None
+        self._kineto: Any = None
+        self._observer: _FetchObserver | None = None
+        self._trainer: pl.Trainer | None = None
+        self._rank = 0
+        self._trace_dir = Path(trace_dir or "traces")
+        self._warned: set[str] = set()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.windows)
+
+    # --- setup and checks -----------------------------------------------------------------------------
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if not self.enabled or stage != "fit":
+            return
+        if self.ranks is not None and max(self.ranks) >= trainer.world_size:
+            raise ValueError(
+                f"profile.ranks {self.ranks} names a rank >= the world size {trainer.world_size}; "
+                f"valid ranks are 0..{trainer.world_size - 1}"
+            )
+        self._cuda = trainer.strategy.root_device.type == "cuda"
+        self._trainer = trainer
+        if self.torch_profiler:
+            # trainer.log_dir is a collective under DDP: resolve it here, where every rank runs, not in the window.
+            self._trace_dir = Path(self.trace_dir) if self.trace_dir else Path(trainer.log_dir or ".") / "traces"
+        self._observer = _FetchObserver(trainer.profiler, self._on_fetch_start, self._on_fetch_end)
+        trainer.profiler = self._observer
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.enabled:
+            return
+        total = trainer.estimated_stepping_batches
+        first = trainer.global_step
+        for start, end in self.windows:
+            if start < first:
+                rank_zero_warn(
+                    f"profile: window at steps {start}..{end - 1} starts before step {first}, where this run resumes; "
+                    "it will not be recorded"
+                )
+            elif start >= total:
+                rank_zero_warn(
+                    f"profile: window at steps {start}..{end - 1} starts after the last step of this run "
+                    f"(steps 0..{int(total) - 1}: see trainer.max_steps/max_epochs/limit_train_batches); "
+                    "it will not be recorded"
+                )
+            elif end > total:
+                rank_zero_warn(
+                    f"profile: window at steps {start}..{end - 1} is cut short at the last step {int(total) - 1}"
+                )
+
+    # --- ranges ---------------------------------------------------------------------------------------
+    def _begin_step(self, trainer: pl.Trainer) -> None:
+        if self._step is not None:
+            return
+        step = trainer.global_step
+        for window in self.windows:
+            if window[0] == step:
+                self._open_window(trainer, window)
+        self._step = step
+        self.ranges.push(f"step {step}")
+
+    def _end_step(self, trainer: pl.Trainer) -> None:
+        step = self._step
+        closing = self._window is not None and step == self._window[1] - 1
+        if closing and self._cuda and self._profiling_here:
+            # Stop only once the window's work has run on the GPU, so its last kernels are in the capture.
+            torch.cuda.synchronize(trainer.strategy.root_device)
+        self.ranges.close_all()
+        self._step = None
+        if closing:
+            self._close_window()
+            if self.exit_after and step == self.windows[-1][1] - 1:
+                rank_zero_info(f"profile: last window done at step {step}; stopping every rank here (exit_after)")
+                trainer.should_stop = True
+                # What would follow is a validation pass and a checkpoint nobody profiles; skip both.
+                trainer.limit_val_batches = 0
+
+    def _on_fetch_start(self) -> None:
+        trainer = self._trainer
+        if trainer is not None and trainer.training:
+            self._begin_step(trainer)
+            self.ranges.push("data")
+
+    def _on_fetch_end(self) -> None:
+        self.ranges.pop_if_top("data")
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not self.enabled:
+            return
+        self._begin_step(trainer)
+        self.ranges.push("forward")
+
+    @override
+    def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        if self.enabled:
+            self.ranges.pop_if_top("forward")
+
+    @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        if self.enabled:
+            self.ranges.pop_if_top("forward")
+            self.ranges.push("backward")
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.enabled:
+            self.ranges.pop_if_top("backward")
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        if self.enabled:
+            self.ranges.push("optimizer")
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not self.enabled or self._step is None:
+            return
+        if trainer.global_step > self._step:
+            self._end_step(trainer)
+        else:  # accumulating gradients: the step goes on with the next micro-batch
+            while self.ranges.top() not in (None, f"step {self._step}"):
+                self.ranges.pop(self.ranges.top())  # type: ignore[arg-type]
+
+    # --- the window -----------------------------------------------------------------------------------
+    def _open_window(self, trainer: pl.Trainer, window: tuple[int, int]) -> None:
+        self._window = window
+        self._rank = trainer.global_rank
+        self._profiling_here = self.ranks is None or trainer.global_rank in self.ranks
+        rank_zero_info(f"profile: window opens at step {window[0]} for {window[1] - window[0]} steps")
+        if trainer.global_rank == 0 and not self.torch_profiler and not os.environ.get("CUDA_INJECTION64_PATH"):
+            self._warn_once(
+                "uncaptured",
+                "profile: no Nsight tool is attached to this process (CUDA_INJECTION64_PATH is unset) and "
+                "profile.torch_profiler is off, so nothing records this window; launch under "
+                "`nsys profile --capture-range=cudaProfilerApi ...` or `ncu --profile-from-start off ...`",
+            )
+        if not self._profiling_here:
+            return
+        if self._cuda:
+            self._check(torch.cuda.cudart().cudaProfilerStart(), "cudaProfilerStart")
+        else:
+            self._warn_once(
+                "cpu",
+                f"profile: the run is on {trainer.strategy.root_device.type}, not CUDA: cudaProfilerStart/Stop are "
+                "skipped; NVTX ranges and the Kineto trace still work",
+            )
+        if self.emit_nvtx:
+            self._emit = torch.autograd.profiler.emit_nvtx(record_shapes=self.record_shapes)
+            self._emit.__enter__()
+        if self.torch_profiler:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self._cuda:
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._kineto = torch.profiler.profile(activities=activities, record_shapes=self.record_shapes)
+            self._kineto.start()
+            self.ranges.kineto = True
+
+    def _close_window(self, export: bool = True) -> None:
+        window, self._window = self._window, None
+        if not self._profiling_here or window is None:
+            return
+        self._profiling_here = False
+        # Leave in reverse order of entry, and the CUDA profiler last so that everything before is in the capture.
+        if self._kineto is not None:
+            kineto, self._kineto = self._kineto, None
+            self.ranges.kineto = False
+            kineto.stop()
+            if export:
+                self._export(kineto, window)
+        if self._emit is not None:
+            emit, self._emit = self._emit, None
+            emit.__exit__(None, None, None)
+        if self._cuda:
+            self._check(torch.cuda.cudart().cudaProfilerStop(), "cudaProfilerStop")
+
+    def _export(self, kineto: Any, window: tuple[int, int]) -> None:
+        self._trace_dir.mkdir(parents=True, exist_ok=True)
+        final = self._trace_dir / f"rank{self._rank}_steps{window[0]}-{window[1] - 1}.pt.trace.json"
+        partial = final.with_name(f".{final.name}.{os.getpid()}.partial")
+        kineto.export_chrome_trace(str(partial))
+        os.replace(partial, final)  # a reader never sees half a trace
+        self.trace_files.append(final)
+        rank_zero_info(f"profile: Kineto trace written to {final} (one per rank)")
+
+    # --- cleanup --------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Closes every range, emit_nvtx, the Kineto profiler and the CUDA profiler window, whatever is open."""
+        self.ranges.close_all()
+        self._step = None
+        self._close_window(export=False)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self.close()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.close()
+        if self._observer is not None and trainer.profiler is self._observer:
+            trainer.profiler = self._observer.inner
+        self._observer = None
+
+    def _check(self, status: Any, call: str) -> None:
+        code = int(getattr(status, "value", status))
+        if code != 0:
+            self._warn_once(call, f"profile: {call}() returned CUDA error {code}")
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=2)

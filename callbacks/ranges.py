@@ -1,0 +1,74 @@
+"""A stack of named ranges emitted as NVTX push/pop ranges and, while a Kineto trace records, as ``record_function``.
+
+NVTX push/pop ranges are per thread and must be popped in LIFO order, also when an exception unwinds the step:
+the stack remembers what it pushed so that ``close_all`` pops exactly that, no more (popping a range somebody else
+pushed corrupts their nesting) and no less (an unpopped range swallows the rest of the timeline in Nsight Systems).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import nvtx
+import torch
+
+
+@dataclass
+class _Open:
+    name: str
+    kineto: Any  # an entered torch.profiler.record_function, or None
+
+
+class RangeStack:
+    """Pushes and pops named ranges on the calling thread.
+
+    Args:
+        enabled: Emit NVTX ranges. When false only Kineto annotations are made (while one records).
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.kineto = False  # set while a torch.profiler trace records, to mirror ranges into it
+        self._open: list[_Open] = []
+
+    @property
+    def names(self) -> list[str]:
+        """Names of the open ranges, outermost first."""
+        return [entry.name for entry in self._open]
+
+    def top(self) -> str | None:
+        return self._open[-1].name if self._open else None
+
+    def push(self, name: str) -> None:
+        if self.enabled:
+            nvtx.push_range(name)
+        kineto = None
+        if self.kineto:
+            kineto = torch.profiler.record_function(name)
+            kineto.__enter__()
+        self._open.append(_Open(name, kineto))
+
+    def pop(self, name: str) -> None:
+        """Pops the innermost range, which must be ``name`` (a mismatch is a bug in the caller's hook order)."""
+        if not self._open or self._open[-1].name != name:
+            raise RuntimeError(f"range stack: expected to close {name!r}, open ranges are {self.names}")
+        self._pop_one()
+
+    def pop_if_top(self, name: str) -> bool:
+        if self.top() == name:
+            self._pop_one()
+            return True
+        return False
+
+    def close_all(self) -> None:
+        """Pops every range this stack opened, innermost first."""
+        while self._open:
+            self._pop_one()
+
+    def _pop_one(self) -> None:
+        entry = self._open.pop()
+        if entry.kineto is not None:
+            entry.kineto.__exit__(None, None, None)
+        if self.enabled:
+            nvtx.pop_range()

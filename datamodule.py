@@ -1,0 +1,325 @@
+"""ImageNet-layout data for Lightning: ImageFolder splits, ``fast_collate`` to uint8 NCHW, device-side normalization.
+
+Workers decode and augment with PIL and hand over uint8 batches (no ``ToTensor``: a float32 batch is four times the
+bytes to pin and copy). The ``DevicePrefetcher`` (prefetcher.py) copies the next batch to the GPU on a side stream
+and normalizes it there while the current one computes. ``source: synthetic`` replaces all of it with a fixed batch
+on the device; ``source: generated`` trains on a small dataset this project draws itself (shapes_dataset.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.utilities.seed import pl_worker_init_function
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torchvision import datasets, transforms
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+import shapes_dataset
+from prefetcher import IMAGENET_MEAN_255, IMAGENET_STD_255, DevicePrefetcher, SyntheticBatches
+
+try:  # Lightning marks hook overrides with typing_extensions' decorator; fall back for older Pythons
+    from typing_extensions import override
+except ImportError:  # pragma: no cover
+    from typing import override  # type: ignore[attr-defined,no-redef]
+
+
+def fast_collate(batch: Sequence[tuple[Any, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacks PIL images (or HWC uint8 arrays) into one uint8 NCHW tensor, and targets into int64.
+
+    Grayscale images (PIL mode ``L`` or 2-D arrays) are broadcast to three channels. All images must share one size,
+    which the crop transforms guarantee.
+
+    Returns:
+        ``(images, targets)``: ``images`` is ``uint8`` of shape ``(N, 3, H, W)``, contiguous; ``targets`` is ``int64``.
+    """
+    targets = torch.tensor([target for _, target in batch], dtype=torch.int64)
+    arrays = [np.asarray(image, dtype=np.uint8) for image, _ in batch]
+    height, width = arrays[0].shape[:2]
+    images = torch.empty((len(arrays), 3, height, width), dtype=torch.uint8)
+    for i, array in enumerate(arrays):
+        if array.shape[:2] != (height, width):
+            raise ValueError(
+                f"fast_collate: image {i} is {array.shape[1]}x{array.shape[0]}, the first is {width}x{height}; "
+                "all images of a batch must have one size (crop them first)"
+            )
+        if array.ndim == 2:
+            array = array[:, :, None]
+        # HWC -> CHW view; copy_ broadcasts a single gray channel over the three.
+        images[i].copy_(torch.from_numpy(np.ascontiguousarray(array[:, :, :3])).permute(2, 0, 1))
+    return images, targets
+
+
+def load_rgb(path: str) -> Image.Image:
+    """Opens an image file as RGB, honouring its EXIF orientation."""
+    from PIL import ImageOps
+
+    with open(path, "rb") as f:
+        image = Image.open(f)
+        image = ImageOps.exif_transpose(image)
+        return image.convert("RGB")
+
+
+class ShardSampler(Sampler[int]):
+    """Every ``num_replicas``-th index starting at ``rank``, in order, without padding.
+
+    Evaluation must see each sample exactly once across ranks for metrics to equal a single-process run;
+    ``DistributedSampler`` pads the last shard with repeats instead.
+    """
+
+    def __init__(self, length: int, num_replicas: int, rank: int) -> None:
+        self.indices = range(rank, length, num_replicas)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def check_layout(root: str | os.PathLike) -> list[str]:
+    """Checks ``root/train/<class>/`` and ``root/val/<class>/`` and returns the sorted class names.
+
+    Raises:
+        FileNotFoundError: ``root``, ``root/train`` or ``root/val`` is missing.
+        ValueError: a split has no class folders, or the two splits have different class sets.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"data.root: {root} does not exist or is not a folder; expected an ImageNet layout "
+            f"{root}/train/<class>/*.JPEG and {root}/val/<class>/*.JPEG"
+        )
+    classes = {}
+    for split in ("train", "val"):
+        folder = root / split
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"data.root: {folder} is missing; expected {root}/train/<class>/ and {root}/val/<class>/ "
+                "(for an ImageNet val set that is flat, sort it into class folders first)"
+            )
+        names = sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
+        if not names:
+            raise ValueError(f"data.root: {folder} has no class folders; expected {folder}/<class>/<image files>")
+        classes[split] = names
+    if classes["train"] != classes["val"]:
+        only_train = sorted(set(classes["train"]) - set(classes["val"]))
+        only_val = sorted(set(classes["val"]) - set(classes["train"]))
+        raise ValueError(
+            f"data.root: {root}/train and {root}/val have different classes "
+            f"(only in train: {only_train[:10]}{' ...' if len(only_train) > 10 else ''}; "
+            f"only in val: {only_val[:10]}{' ...' if len(only_val) > 10 else ''}); "
+            "the class index of a label must mean the same in both splits"
+        )
+    return classes["train"]
+
+
+class ImageNetDataModule(pl.LightningDataModule):
+    """ImageNet-style folders (or synthetic/generated data) batched as uint8 and normalized on the device.
+
+    Args:
+        root: Dataset folder with ``train/<class>/*`` and ``val/<class>/*``. With ``source: generated`` the folder
+            the embedded dataset is written to on first use.
+        source: ``folder`` reads ``root``; ``generated`` first draws the embedded shapes dataset into ``root``;
+            ``synthetic`` uses a fixed random batch on the device (the compute ceiling, no files).
+        batch_size: Images per device per step (the global batch is this times the number of devices).
+        workers: Data loader worker processes per device.
+        crop_size: Training crop (RandomResizedCrop) side in pixels.
+        min_crop_scale: Smallest area fraction RandomResizedCrop may keep.
+        val_resize_size: Validation images are resized so their short side is this, then center-cropped.
+        val_crop_size: Validation center-crop side in pixels.
+        channels_last: Hand batches out in channels_last format (set from ``model.channels_last``).
+        prefetch_factor: Batches each worker loads ahead.
+        synthetic_num_classes: Number of classes with ``source: synthetic``.
+        synthetic_train_steps: Batches per training epoch with ``source: synthetic``.
+        synthetic_val_steps: Batches per validation run with ``source: synthetic``.
+        seed: Seed of the training-order shuffle (epoch-dependent through ``set_epoch``) and of the generated data.
+    """
+
+    def __init__(
+        self,
+        root: str = "data/imagenet",
+        source: Literal["folder", "generated", "synthetic"] = "folder",
+        batch_size: int = 256,
+        workers: int = 8,
+        crop_size: int = 224,
+        min_crop_scale: float = 0.08,
+        val_resize_size: int = 256,
+        val_crop_size: int = 224,
+        channels_last: bool = False,
+        prefetch_factor: int = 2,
+        synthetic_num_classes: int = 1000,
+        synthetic_train_steps: int = 100,
+        synthetic_val_steps: int = 10,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+        if workers < 0:
+            raise ValueError(f"data.workers must be >= 0 (0 loads in the main process), got {workers}")
+        if min(crop_size, val_resize_size, val_crop_size) < 1:
+            raise ValueError(
+                f"data.crop_size, data.val_resize_size and data.val_crop_size must be >= 1, got "
+                f"{crop_size}, {val_resize_size}, {val_crop_size}"
+            )
+        if val_crop_size > val_resize_size:
+            raise ValueError(
+                f"data.val_crop_size ({val_crop_size}) is larger than data.val_resize_size ({val_resize_size}); "
+                "the center crop must fit in the resized image (the ImageNet recipe uses 224 of 256)"
+            )
+        if not 0.0 < min_crop_scale <= 1.0:
+            raise ValueError(f"data.min_crop_scale must be in (0, 1], got {min_crop_scale}")
+        if min(synthetic_num_classes, synthetic_train_steps, synthetic_val_steps, prefetch_factor) < 1:
+            raise ValueError("data.synthetic_* and data.prefetch_factor must be >= 1")
+        self.save_hyperparameters()
+        self.root = Path(root)
+        self.source = source
+        self.batch_size = batch_size
+        self.workers = workers
+        self.channels_last = channels_last
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self._classes: list[str] | None = None
+
+    # --- what the model needs to know -----------------------------------------------------------------
+    @property
+    def classes(self) -> list[str]:
+        """Class names in label order (checked from disk for ``source: folder``)."""
+        if self._classes is None:
+            if self.source == "synthetic":
+                self._classes = [str(i) for i in range(self.hparams.synthetic_num_classes)]
+            elif self.source == "generated":
+                self._classes = list(shapes_dataset.CLASSES)
+            else:
+                self._classes = check_layout(self.root)
+        return self._classes
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes; linked into ``model.num_classes`` by the CLI."""
+        return len(self.classes)
+
+    # --- Lightning hooks ------------------------------------------------------------------------------
+    @override
+    def prepare_data(self) -> None:
+        # Runs once per node (local rank 0) before the others set up, so the dataset is drawn exactly once.
+        if self.source == "generated":
+            shapes_dataset.generate(self.root, seed=self.hparams.seed)
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self.source == "synthetic":
+            return
+        if self.source == "generated" and not shapes_dataset.is_complete(self.root):
+            raise FileNotFoundError(
+                f"data.root: {self.root} holds no complete generated dataset; prepare_data did not run"
+            )
+        classes = check_layout(self.root)
+        if self.source == "folder" and self._classes is not None and classes != self._classes:
+            raise ValueError(f"data.root: the class folders of {self.root} changed since the model was built")
+        self._classes = classes
+        h = self.hparams
+        normalize_free_train = transforms.Compose(
+            [
+                transforms.RandomResizedCrop(h.crop_size, scale=(h.min_crop_scale, 1.0)),
+                transforms.RandomHorizontalFlip(),
+            ]
+        )
+        normalize_free_val = transforms.Compose(
+            [transforms.Resize(h.val_resize_size), transforms.CenterCrop(h.val_crop_size)]
+        )
+        if stage == "fit":
+            self.train_set = self._image_folder("train", normalize_free_train)
+        self.val_set = self._image_folder("val", normalize_free_val)
+
+    def _image_folder(self, split: str, transform: Any) -> datasets.ImageFolder:
+        folder = self.root / split
+        try:
+            return datasets.ImageFolder(str(folder), transform=transform, loader=load_rgb)
+        except FileNotFoundError as error:
+            # torchvision's message names the class but not the fix.
+            raise FileNotFoundError(
+                f"data.root: {error}; every class folder under {folder} needs at least one image "
+                f"with one of the extensions {', '.join(IMG_EXTENSIONS)}"
+            ) from error
+
+    @override
+    def train_dataloader(self) -> Any:
+        if self.source == "synthetic":
+            return self._synthetic(self.hparams.synthetic_train_steps, seed=self.hparams.seed)
+        assert self.train_set is not None, "setup('fit') must run first"
+        world, rank = self._world()
+        # DistributedSampler also for one process: the order is then a function of (seed, epoch) alone, which makes
+        # a resumed run see the same epochs as an uninterrupted one. drop_last keeps every rank at the same step count.
+        sampler = DistributedSampler(
+            self.train_set, num_replicas=world, rank=rank, shuffle=True, seed=self.hparams.seed, drop_last=True
+        )
+        return self._wrap(self._loader(self.train_set, sampler, drop_last=True))
+
+    @override
+    def val_dataloader(self) -> Any:
+        if self.source == "synthetic":
+            return self._synthetic(self.hparams.synthetic_val_steps, seed=self.hparams.seed + 1)
+        assert self.val_set is not None, "setup() must run first"
+        world, rank = self._world()
+        return self._wrap(self._loader(self.val_set, ShardSampler(len(self.val_set), world, rank), drop_last=False))
+
+    @override
+    def test_dataloader(self) -> Any:
+        # ImageNet's test labels are not public: "test" evaluates the val split, as the original's -e did.
+        return self.val_dataloader()
+
+    @override
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        # Batches arrive on the device already (prefetcher or synthetic); a second transfer would be a no-op copy
+        # call per tensor at best. Anything else falls back to Lightning's move.
+        if isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) and t.device == device for t in batch):
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    # --- helpers --------------------------------------------------------------------------------------
+    def _world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is None:
+            return 1, 0
+        return trainer.world_size, trainer.global_rank
+
+    def _device(self) -> torch.device:
+        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+
+    def _loader(self, dataset: Dataset, sampler: Sampler, drop_last: bool) -> DataLoader:
+        workers = self.workers
+        worker_init_fn = None
+        if workers > 0 and int(os.environ.get("PL_SEED_WORKERS", 0)):
+            # seed_everything(workers=True): distinct, reproducible seeds per worker and rank.
+            worker_init_fn = partial(pl_worker_init_function, rank=self._world()[1])
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            num_workers=workers,
+            collate_fn=fast_collate,
+            pin_memory=self._device().type == "cuda",
+            drop_last=drop_last,
+            persistent_workers=workers > 0,
+            prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
+            worker_init_fn=worker_init_fn,
+        )
+
+    def _wrap(self, loader: DataLoader) -> DevicePrefetcher:
+        return DevicePrefetcher(loader, self._device(), IMAGENET_MEAN_255, IMAGENET_STD_255, self.channels_last)
+
+    def _synthetic(self, length: int, seed: int) -> SyntheticBatches:
+        h = self.hparams
+        return SyntheticBatches(
+            self.batch_size, h.crop_size, h.synthetic_num_classes, length, self._device(), self.channels_last, seed
+        )

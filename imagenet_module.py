@@ -1,0 +1,303 @@
+"""The LightningModule: a torchvision classifier trained with the ImageNet recipe of apex's main_amp.py.
+
+Recipe: SGD with momentum and weight decay; the learning rate is ``lr`` per 256 images, scaled to the global batch
+(per-device batch x devices x gradient accumulation); it rises linearly per step over the first ``warmup_epochs``
+and is multiplied by ``lr_gamma`` at each epoch of ``lr_milestones`` (30, 60, 80), or follows a cosine after the
+warmup.
+
+Metrics avoid host syncs in the hot loop: per-step values stay on the device, accuracy and loss are accumulated
+in torchmetrics objects that synchronize across ranks once, at epoch end, and the periodic train line
+(loss, top-1, images/s, like the original's print_freq line) is reduced across ranks only every
+``trainer.log_every_n_steps`` steps, the same steps on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+import torchvision
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+try:
+    from typing_extensions import override
+except ImportError:  # pragma: no cover
+    from typing import override  # type: ignore[attr-defined,no-redef]
+
+
+def classification_archs() -> list[str]:
+    """Names that ``torchvision.models.get_model`` builds as image classifiers."""
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def build_model(arch: str, num_classes: int, weights: str | None = None) -> torch.nn.Module:
+    """Builds ``arch`` with a ``num_classes``-way head, optionally loading a local torchvision ``state_dict`` file.
+
+    Raises:
+        ValueError: ``arch`` is not a torchvision classification model (the message lists the valid ones), or the
+            weights do not fit the architecture.
+        FileNotFoundError: ``weights`` does not exist.
+    """
+    valid = classification_archs()
+    if arch not in valid:
+        raise ValueError(f"model.arch: unknown architecture {arch!r}; valid: {', '.join(valid)}")
+    model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    if weights:
+        path = Path(weights)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"model.weights: {path} does not exist; give a local torchvision state_dict file "
+                f"(e.g. a {arch}-*.pth from the torchvision model zoo copied to this machine)"
+            )
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and "state_dict" in state:
+            state = state["state_dict"]
+        state = {k.removeprefix("module."): v for k, v in state.items()}
+        own = model.state_dict()
+        # A 1000-class ImageNet checkpoint fine-tuned on another class count: keep the body, re-initialize the head.
+        mismatched_head = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+        try:
+            if mismatched_head:
+                for key in mismatched_head:
+                    state.pop(key)
+                model.load_state_dict(state, strict=False)
+                missing = set(own) - set(state)
+                if missing != set(mismatched_head):
+                    raise RuntimeError(f"missing keys {sorted(missing - set(mismatched_head))[:5]}")
+            else:
+                model.load_state_dict(state)
+        except RuntimeError as error:
+            raise ValueError(f"model.weights: {path} does not fit arch {arch!r}: {error}") from error
+    return model
+
+
+def lr_multiplier(
+    step: int,
+    steps_per_epoch: int,
+    warmup_epochs: float,
+    schedule: str,
+    milestones: list[int],
+    gamma: float,
+    max_epochs: int,
+) -> float:
+    """The factor applied to the scaled base learning rate at optimizer step ``step`` (0-based).
+
+    Warmup is apex's: ``(1 + step) / (warmup_epochs * steps_per_epoch)`` while ``step`` is inside the warmup, so the
+    first step uses a small but non-zero rate and the last warmup step reaches the full rate.
+    """
+    epoch = step // steps_per_epoch
+    warmup_steps = warmup_epochs * steps_per_epoch
+    if schedule == "cosine":
+        total = max(max_epochs * steps_per_epoch - warmup_steps, 1)
+        progress = min(max(step - warmup_steps, 0) / total, 1.0)
+        factor = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        factor = gamma ** sum(epoch >= m for m in milestones)
+    if step < warmup_steps:
+        factor *= (1 + step) / warmup_steps
+    return factor
+
+
+class ImageNetClassifier(pl.LightningModule):
+    """A torchvision image classifier with the apex ImageNet recipe.
+
+    Args:
+        arch: Any torchvision classification model name (``resnet50``, ``resnet18``, ``wide_resnet50_2``, ...).
+        num_classes: Number of output classes (linked from ``data.num_classes``).
+        weights: Local torchvision ``state_dict`` file to start from (there is no download). A head of another
+            class count is re-initialized.
+        lr: Learning rate per 256 images; the rate used is ``lr * global_batch / 256``.
+        momentum: SGD momentum.
+        weight_decay: SGD weight decay (L2), applied to all parameters as in the original.
+        nesterov: Use Nesterov momentum.
+        warmup_epochs: Epochs of linear per-step warmup (0 disables it).
+        lr_schedule: ``step`` (multiply by ``lr_gamma`` at each of ``lr_milestones``) or ``cosine`` (to zero at
+            ``trainer.max_epochs``).
+        lr_milestones: Epochs at which the step schedule decays.
+        lr_gamma: Decay factor of the step schedule.
+        label_smoothing: Label smoothing of the cross-entropy loss.
+        batch_size: Per-device batch size (linked from ``data.batch_size``), for the learning-rate scaling.
+        channels_last: Run the model in channels_last memory format (tensor cores want NHWC).
+        compile: ``torch.compile`` the model with this mode (``default``, ``reduce-overhead``, ``max-autotune``,
+            ``max-autotune-no-cudagraphs``), or ``null`` for eager.
+    """
+
+    def __init__(
+        self,
+        arch: str = "resnet50",
+        num_classes: int = 1000,
+        weights: str | None = None,
+        lr: float = 0.1,
+        momentum: float = 0.9,
+        weight_decay: float = 1e-4,
+        nesterov: bool = False,
+        warmup_epochs: float = 5,
+        lr_schedule: Literal["step", "cosine"] = "step",
+        lr_milestones: list[int] = [30, 60, 80],  # noqa: B006 (jsonargparse needs a plain default)
+        lr_gamma: float = 0.1,
+        label_smoothing: float = 0.0,
+        batch_size: int = 256,
+        channels_last: bool = False,
+        compile: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = None,
+    ) -> None:
+        super().__init__()
+        if num_classes < 1:
+            raise ValueError(f"model.num_classes must be >= 1, got {num_classes}")
+        if lr <= 0:
+            raise ValueError(f"model.lr must be > 0, got {lr}")
+        if warmup_epochs < 0:
+            raise ValueError(f"model.warmup_epochs must be >= 0, got {warmup_epochs}")
+        if sorted(lr_milestones) != list(lr_milestones) or any(m < 1 for m in lr_milestones):
+            raise ValueError(f"model.lr_milestones must be increasing epochs >= 1, got {lr_milestones}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"model.label_smoothing must be in [0, 1), got {label_smoothing}")
+        if batch_size < 1:
+            raise ValueError(f"model.batch_size must be >= 1, got {batch_size}")
+        self.save_hyperparameters()
+        self.model = build_model(arch, num_classes, weights)
+        if channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.channels_last = channels_last
+        top_k = min(5, num_classes)
+        # One metric object per stage: sharing one between val and test mixes their states.
+        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro")
+        self.val_loss = MeanMetric()
+        self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro")
+        self.test_loss = MeanMetric()
+        self.train_loss_epoch = MeanMetric()
+        # Kept out of the module tree (plain __dict__ entry): registering the compiled wrapper would put every weight
+        # into the state_dict twice, under a second prefix.
+        self.__dict__["_compiled"] = None
+        # Running sums of the current log interval, kept on the device: [loss * n, correct top-1, n].
+        self._interval = torch.zeros(3)
+        self._interval_start: float | None = None
+        self._interval_step = 0
+        self._last_global_step = -1
+
+    # --- model ----------------------------------------------------------------------------------------
+    @override
+    def configure_model(self) -> None:
+        if self.hparams.compile and self._compiled is None:
+            self.__dict__["_compiled"] = torch.compile(self.model, mode=self.hparams.compile)
+
+    @override
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return (self._compiled or self.model)(images)
+
+    # --- optimization ---------------------------------------------------------------------------------
+    def global_batch_size(self) -> int:
+        trainer = self._trainer
+        world = trainer.world_size if trainer is not None else 1
+        accumulate = trainer.accumulate_grad_batches if trainer is not None else 1
+        return self.hparams.batch_size * world * accumulate
+
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch, as the trainer will run them (limit_train_batches and accumulation included)."""
+        trainer = self.trainer
+        if trainer.num_training_batches == float("inf"):
+            trainer.fit_loop.setup_data()
+        batches = trainer.num_training_batches
+        if batches == float("inf") or batches < 1:
+            raise ValueError("the training data has no length; the per-epoch LR schedule needs a sized loader")
+        return max(1, math.ceil(batches / trainer.accumulate_grad_batches))
+
+    @override
+    def configure_optimizers(self) -> Any:
+        h = self.hparams
+        base_lr = h.lr * self.global_batch_size() / 256
+        optimizer = torch.optim.SGD(
+            self.parameters(), lr=base_lr, momentum=h.momentum, weight_decay=h.weight_decay, nesterov=h.nesterov
+        )
+        steps_per_epoch = self.steps_per_epoch()
+        max_epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 90
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda step: lr_multiplier(
+                step, steps_per_epoch, h.warmup_epochs, h.lr_schedule, list(h.lr_milestones), h.lr_gamma, max_epochs
+            ),
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}
+
+    # --- steps ----------------------------------------------------------------------------------------
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), targets, label_smoothing=smoothing)
+
+    @override
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, targets = batch
+        logits = self(images)
+        loss = self._loss(logits, targets, self.hparams.label_smoothing)
+        with torch.no_grad():
+            detached = loss.detach()
+            n = targets.numel()
+            correct = (logits.argmax(dim=1) == targets).sum()
+            if self._interval.device != detached.device:
+                self._interval = self._interval.to(detached.device)
+            self._interval += torch.stack([detached * n, correct.to(detached.dtype), detached.new_tensor(n)])
+            self.train_loss_epoch.update(detached, weight=n)
+        return loss
+
+    @override
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = self.global_step
+        if step == self._last_global_step:
+            return  # still accumulating gradients: no optimizer step yet
+        self._last_global_step = step
+        if self._interval_start is None:
+            self._interval_start, self._interval_step = time.perf_counter(), step
+            self._interval.zero_()
+            return
+        # The same condition on every rank at the same step: Lightning writes step metrics on exactly these steps.
+        if step % self.trainer.log_every_n_steps != 0:
+            return
+        totals = self._interval.clone()
+        if self.trainer.world_size > 1:
+            totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
+        loss_sum, correct, count = totals.tolist()  # the interval's one host sync
+        now = time.perf_counter()
+        steps = step - self._interval_step
+        images = steps * self.global_batch_size()
+        self.log_dict(
+            {
+                "train_loss": loss_sum / max(count, 1),
+                "train_acc1": correct / max(count, 1),
+                "train_img_s": images / (now - self._interval_start),
+            },
+            on_step=True,
+            on_epoch=False,
+        )
+        self._interval.zero_()
+        self._interval_start, self._interval_step = now, step
+
+    @override
+    def on_train_epoch_end(self) -> None:
+        self.log("train_loss_epoch", self.train_loss_epoch, on_step=False, on_epoch=True)
+
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], prefix: str) -> None:
+        images, targets = batch
+        logits = self(images)
+        loss = self._loss(logits, targets)
+        acc1, acc5, mean_loss = (getattr(self, f"{prefix}_{name}") for name in ("acc1", "acc5", "loss"))
+        acc1.update(logits, targets)
+        acc5.update(logits, targets)
+        mean_loss.update(loss.detach(), weight=targets.numel())
+        # Metric objects: Lightning calls compute() (one cross-rank sync) at epoch end, not per step.
+        self.log(f"{prefix}_loss", mean_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log(f"{prefix}_acc1", acc1, on_step=False, on_epoch=True, prog_bar=True)
+        self.log(f"{prefix}_acc5", acc5, on_step=False, on_epoch=True)
+
+    @override
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    @override
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")

@@ -1,0 +1,70 @@
+"""Train, validate or test a torchvision classifier on ImageNet-style folders, ready to be profiled.
+
+    python train.py --config configs/quickstart.yaml             # fit is implied
+    python train.py fit --config configs/resnet50_imagenet.yaml --data.root /data/imagenet --trainer.devices 8
+    python train.py validate --config configs/resnet50_imagenet.yaml --ckpt_path runs/.../last.ckpt
+    python train.py fit --print_config                           # every key, with its default
+
+Every option lives in the config and can be overridden on the command line (``--model.arch resnet18``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.cli import LightningCLI
+from pytorch_lightning.loggers import CSVLogger
+
+from callbacks import ProfilerWindow
+from datamodule import ImageNetDataModule
+from imagenet_module import ImageNetClassifier
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+class ImageNetCLI(LightningCLI):
+    """LightningCLI with the links this application needs and its always-available callbacks."""
+
+    def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 (LightningArgumentParser)
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.batch_size", "model.batch_size")
+        parser.link_arguments("model.channels_last", "data.channels_last")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val_acc1",
+                "checkpoint.mode": "max",
+                "checkpoint.save_last": True,
+                "checkpoint.filename": "best-epoch{epoch:03d}-acc1{val_acc1:.4f}",
+                "checkpoint.auto_insert_metric_name": False,
+            }
+        )
+        parser.add_lightning_class_args(ProfilerWindow, "profile")
+
+
+def with_default_subcommand(argv: list[str]) -> list[str]:
+    """Prepends ``fit`` unless the first argument is a subcommand or a top-level help/version flag."""
+    if argv and (argv[0] in SUBCOMMANDS or argv[0] in ("-h", "--help", "--version")):
+        return argv
+    return ["fit", *argv]
+
+
+def main(argv: list[str] | None = None) -> ImageNetCLI:
+    """Runs the CLI on ``argv`` (default: the process arguments) and returns it."""
+    args = with_default_subcommand(list(sys.argv[1:] if argv is None else argv))
+    return ImageNetCLI(
+        ImageNetClassifier,
+        ImageNetDataModule,
+        args=args,
+        seed_everything_default=0,
+        # Reruns in the same run folder and DDP relaunches would otherwise abort on the config saved before.
+        save_config_kwargs={"overwrite": True},
+        trainer_defaults={
+            "logger": {"class_path": CSVLogger.__module__ + ".CSVLogger", "init_args": {"save_dir": "runs"}}
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
