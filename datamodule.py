@@ -45,16 +45,17 @@ def fast_collate(batch: Sequence[tuple[Any, int]]) -> tuple[torch.Tensor, torch.
     arrays = [np.asarray(image, dtype=np.uint8) for image, _ in batch]
     height, width = arrays[0].shape[:2]
     images = torch.empty((len(arrays), 3, height, width), dtype=torch.uint8)
+    # Written through a NumPy view of the batch: the arrays of PIL images are read-only, and torch.from_numpy on
+    # them warns (non-writable tensor) in every worker.
+    out = images.numpy()
     for i, array in enumerate(arrays):
         if array.shape[:2] != (height, width):
             raise ValueError(
                 f"fast_collate: image {i} is {array.shape[1]}x{array.shape[0]}, the first is {width}x{height}; "
                 "all images of a batch must have one size (crop them first)"
             )
-        if array.ndim == 2:
-            array = array[:, :, None]
-        # HWC -> CHW view; copy_ broadcasts a single gray channel over the three.
-        images[i].copy_(torch.from_numpy(np.ascontiguousarray(array[:, :, :3])).permute(2, 0, 1))
+        # HWC -> CHW; a single gray channel (2-D array) broadcasts over the three.
+        out[i] = array if array.ndim == 2 else array[:, :, :3].transpose(2, 0, 1)
     return images, targets
 
 
@@ -85,6 +86,24 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+def class_folders(folder: str | os.PathLike) -> list[str]:
+    """The sorted names of the class sub-folders of ``folder``: every visible directory (hidden ones such as
+    ``.ipynb_checkpoints`` are no class)."""
+    return sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
+
+
+class _ImageFolder(datasets.ImageFolder):
+    """``ImageFolder`` whose classes are exactly :func:`class_folders` (torchvision's also takes hidden folders,
+    which would shift every label and give one past ``num_classes``)."""
+
+    @override
+    def find_classes(self, directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
+        classes = class_folders(directory)
+        if not classes:
+            raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
+        return classes, {name: index for index, name in enumerate(classes)}
+
+
 def check_layout(root: str | os.PathLike) -> list[str]:
     """Checks ``root/train/<class>/`` and ``root/val/<class>/`` and returns the sorted class names.
 
@@ -106,7 +125,7 @@ def check_layout(root: str | os.PathLike) -> list[str]:
                 f"data.root: {folder} is missing; expected {root}/train/<class>/ and {root}/val/<class>/ "
                 "(for an ImageNet val set that is flat, sort it into class folders first)"
             )
-        names = sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
+        names = class_folders(folder)
         if not names:
             raise ValueError(f"data.root: {folder} has no class folders; expected {folder}/<class>/<image files>")
         classes[split] = names
@@ -244,7 +263,7 @@ class ImageNetDataModule(pl.LightningDataModule):
     def _image_folder(self, split: str, transform: Any) -> datasets.ImageFolder:
         folder = self.root / split
         try:
-            return datasets.ImageFolder(str(folder), transform=transform, loader=load_rgb)
+            return _ImageFolder(str(folder), transform=transform, loader=load_rgb)
         except FileNotFoundError as error:
             # torchvision's message names the class but not the fix.
             raise FileNotFoundError(

@@ -60,21 +60,35 @@ def build_model(arch: str, num_classes: int, weights: str | None = None) -> torc
             state = state["state_dict"]
         state = {k.removeprefix("module."): v for k, v in state.items()}
         own = model.state_dict()
-        # A 1000-class ImageNet checkpoint fine-tuned on another class count: keep the body, re-initialize the head.
-        mismatched_head = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+        mismatched = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
         try:
-            if mismatched_head:
-                for key in mismatched_head:
-                    state.pop(key)
-                model.load_state_dict(state, strict=False)
-                missing = set(own) - set(state)
-                if missing != set(mismatched_head):
-                    raise RuntimeError(f"missing keys {sorted(missing - set(mismatched_head))[:5]}")
+            if mismatched:
+                # A 1000-class ImageNet checkpoint fine-tuned on another class count: keep the body, re-initialize
+                # the head. Only the head may differ: any other mismatch (another width or depth) is another arch.
+                head = _head_keys(arch, num_classes, own)
+                body_mismatch = sorted(set(mismatched) - head)
+                if body_mismatch:
+                    sizes = (f"{k} ({tuple(state[k].shape)} vs {tuple(own[k].shape)})" for k in body_mismatch[:5])
+                    raise RuntimeError(f"size mismatch for {', '.join(sizes)}")
+                result = model.load_state_dict({k: v for k, v in state.items() if k not in head}, strict=False)
+                missing = sorted(set(result.missing_keys) - head)
+                if missing or result.unexpected_keys:
+                    raise RuntimeError(f"missing keys {missing[:5]}, unexpected keys {result.unexpected_keys[:5]}")
             else:
                 model.load_state_dict(state)
         except RuntimeError as error:
             raise ValueError(f"model.weights: {path} does not fit arch {arch!r}: {error}") from error
     return model
+
+
+def _head_keys(arch: str, num_classes: int, own: dict[str, torch.Tensor]) -> set[str]:
+    """The state_dict keys of ``arch`` whose shapes depend on the class count: the classifier head.
+
+    Found by building the architecture for another class count on the meta device (no memory, no init cost).
+    """
+    with torch.device("meta"):
+        other = torchvision.models.get_model(arch, weights=None, num_classes=num_classes + 1).state_dict()
+    return {k for k, v in own.items() if k in other and other[k].shape != v.shape}
 
 
 def lr_multiplier(
@@ -147,8 +161,8 @@ class ImageNetClassifier(pl.LightningModule):
         compile: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = None,
     ) -> None:
         super().__init__()
-        if num_classes < 1:
-            raise ValueError(f"model.num_classes must be >= 1, got {num_classes}")
+        if num_classes < 2:
+            raise ValueError(f"model.num_classes must be >= 2 (a classifier needs two classes), got {num_classes}")
         if lr <= 0:
             raise ValueError(f"model.lr must be > 0, got {lr}")
         if warmup_epochs < 0:
@@ -165,14 +179,15 @@ class ImageNetClassifier(pl.LightningModule):
             self.model = self.model.to(memory_format=torch.channels_last)
         self.channels_last = channels_last
         top_k = min(5, num_classes)
-        # One metric object per stage: sharing one between val and test mixes their states.
-        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro")
-        self.val_loss = MeanMetric()
-        self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro")
-        self.test_loss = MeanMetric()
-        self.train_loss_epoch = MeanMetric()
+        # One metric object per stage: sharing one between val and test mixes their states. Argument validation and
+        # the NaN check are off because each reads a value back to the host: a sync on every step.
+        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=False)
+        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro", validate_args=False)
+        self.val_loss = MeanMetric(nan_strategy="disable")
+        self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=False)
+        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro", validate_args=False)
+        self.test_loss = MeanMetric(nan_strategy="disable")
+        self.train_loss_epoch = MeanMetric(nan_strategy="disable")
         # Kept out of the module tree (plain __dict__ entry): registering the compiled wrapper would put every weight
         # into the state_dict twice, under a second prefix.
         self.__dict__["_compiled"] = None
@@ -241,8 +256,14 @@ class ImageNetClassifier(pl.LightningModule):
             correct = (logits.argmax(dim=1) == targets).sum()
             if self._interval.device != detached.device:
                 self._interval = self._interval.to(detached.device)
-            self._interval += torch.stack([detached * n, correct.to(detached.dtype), detached.new_tensor(n)])
-            self.train_loss_epoch.update(detached, weight=n)
+            # Python scalars travel as kernel arguments: no host-to-device copy, no sync.
+            self._interval[0] += detached * n
+            self._interval[1] += correct
+            self._interval[2] += n
+            # The batch mean repeated n times (a broadcast view, no copy) weighs the batch by its size. No weight
+            # argument: with nan_strategy="disable" torchmetrics replaces any weight by ones, and a Python weight would
+            # be a blocking host-to-device copy.
+            self.train_loss_epoch.update(detached.expand(n))
         return loss
 
     @override
@@ -288,7 +309,9 @@ class ImageNetClassifier(pl.LightningModule):
         acc1, acc5, mean_loss = (getattr(self, f"{prefix}_{name}") for name in ("acc1", "acc5", "loss"))
         acc1.update(logits, targets)
         acc5.update(logits, targets)
-        mean_loss.update(loss.detach(), weight=targets.numel())
+        # Weighted by the batch size through n copies of the batch mean (see training_step): the last, smaller batch
+        # of a shard must count less, or the loss depends on the batch size and on the number of ranks.
+        mean_loss.update(loss.detach().expand(targets.numel()))
         # Metric objects: Lightning calls compute() (one cross-rank sync) at epoch end, not per step.
         self.log(f"{prefix}_loss", mean_loss, on_step=False, on_epoch=True, prog_bar=True)
         self.log(f"{prefix}_acc1", acc1, on_step=False, on_epoch=True, prog_bar=True)

@@ -4,6 +4,7 @@
     python train.py fit --config configs/resnet50_imagenet.yaml --data.root /data/imagenet --trainer.devices 8
     python train.py validate --config configs/resnet50_imagenet.yaml --ckpt_path runs/.../last.ckpt
     python train.py fit --print_config                           # every key, with its default
+    python train.py -a resnet50 --b 224 --opt-level O1 --prof 20 /data/imagenet   # apex main_amp.py flags work too
 
 Every option lives in the config and can be overridden on the command line (``--model.arch resnet18``).
 """
@@ -16,6 +17,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger
 
+import apex_compat
 from callbacks import ProfilerWindow
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
@@ -35,9 +37,21 @@ class ImageNetCLI(LightningCLI):
             {
                 "checkpoint.monitor": "val_acc1",
                 "checkpoint.mode": "max",
-                "checkpoint.save_last": True,
+                "checkpoint.save_last": False,
                 "checkpoint.filename": "best-epoch{epoch:03d}-acc1{val_acc1:.4f}",
                 "checkpoint.auto_insert_metric_name": False,
+            }
+        )
+        # Lightning 2.6 writes save_last's last.ckpt only when a top-k checkpoint is saved at the same step, so with a
+        # monitored metric last.ckpt would be the best state, not the latest, and a resume would go back in time.
+        # A second, unmonitored checkpoint named "last" is always the latest state.
+        parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
+        parser.set_defaults(
+            {
+                "last_checkpoint.filename": "last",
+                "last_checkpoint.monitor": None,
+                "last_checkpoint.save_top_k": 1,
+                "last_checkpoint.enable_version_counter": False,
             }
         )
         parser.add_lightning_class_args(ProfilerWindow, "profile")
@@ -52,11 +66,20 @@ def with_default_subcommand(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> ImageNetCLI:
     """Runs the CLI on ``argv`` (default: the process arguments) and returns it."""
-    args = with_default_subcommand(list(sys.argv[1:] if argv is None else argv))
+    args = list(sys.argv[1:] if argv is None else argv)
+    if apex_compat.is_apex_command_line(args):
+        # main_amp.py flags: translated (the equivalent command and notes printed once, on rank 0); a main_amp.py
+        # --resume checkpoint is converted to <name>.lightning.ckpt beside it.
+        args = apex_compat.migrate(args)
+    args = with_default_subcommand(args)
+    if argv is None:
+        # Rewrite the process arguments rather than pass args=: Lightning's DDP launcher re-runs sys.argv for the
+        # other ranks, and they must parse exactly what rank 0 parsed.
+        sys.argv[1:] = args
     return ImageNetCLI(
         ImageNetClassifier,
         ImageNetDataModule,
-        args=args,
+        args=None if argv is None else args,
         seed_everything_default=0,
         # Reruns in the same run folder and DDP relaunches would otherwise abort on the config saved before.
         save_config_kwargs={"overwrite": True},

@@ -1,0 +1,65 @@
+"""Writes an ImageNet-like JPEG folder for throughput runs: many classes, 300-500 px sides, about 100 KB at q90.
+
+    python bench/make_jpeg_folder.py /tmp/jpegs --classes 100 --train-per-class 64 --val-per-class 8
+
+Decode cost depends on pixel count and entropy, so the images mimic ImageNet's, not its content: random sizes and
+aspect ratios in ImageNet's typical range, smooth colour fields plus textured noise tuned so that a q90 JPEG weighs
+about what an ImageNet train JPEG does (~110 KB on average). Parallel over processes; deterministic per seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def make_image(rng: np.random.Generator) -> Image.Image:
+    width, height = int(rng.integers(300, 501)), int(rng.integers(300, 501))
+    # Low-frequency colour field: a coarse random grid upsampled smoothly.
+    coarse = rng.integers(0, 256, size=(int(rng.integers(3, 9)), int(rng.integers(3, 9)), 3), dtype=np.uint8)
+    field = np.asarray(Image.fromarray(coarse, "RGB").resize((width, height), Image.BICUBIC), dtype=np.float32)
+    # Texture: noise at two scales, the entropy that makes real photos ~100 KB at q90.
+    fine = rng.normal(0, 22, size=(height, width, 3))
+    mid_small = rng.normal(0, 30, size=(height // 4 + 1, width // 4 + 1, 3)).astype(np.float32)
+    mid = np.kron(mid_small, np.ones((4, 4, 1), dtype=np.float32))[:height, :width]
+    pixels = np.clip(field + fine + mid, 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels, "RGB")
+
+
+def write_class(args: tuple[Path, str, int, int, int]) -> int:
+    root, split, index, count, seed = args
+    rng = np.random.default_rng([seed, index, 0 if split == "train" else 1])
+    folder = root / split / f"n{index:08d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for k in range(count):
+        path = folder / f"{split}_{index:04d}_{k:05d}.JPEG"
+        make_image(rng).save(path, quality=90)
+        total += path.stat().st_size
+    return total
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("root", type=Path)
+    p.add_argument("--classes", type=int, default=100)
+    p.add_argument("--train-per-class", type=int, default=64)
+    p.add_argument("--val-per-class", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    a = p.parse_args(argv)
+    jobs = [(a.root, "train", c, a.train_per_class, a.seed) for c in range(a.classes)]
+    jobs += [(a.root, "val", c, a.val_per_class, a.seed) for c in range(a.classes)]
+    with ProcessPoolExecutor(a.processes) as pool:
+        total = sum(pool.map(write_class, jobs))
+    count = a.classes * (a.train_per_class + a.val_per_class)
+    print(f"{count} JPEGs in {a.root}, {total / count / 1024:.0f} KB on average")
+
+
+if __name__ == "__main__":
+    main()

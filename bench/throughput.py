@@ -1,0 +1,175 @@
+"""Training throughput of the app against the plain PyTorch loop, side by side in one run, on one machine.
+
+Each variant runs in its own process (a fresh CUDA context and clean peak-memory counters) and prints one JSON
+line; the parent prints a Markdown table with ratios to the plain loop.
+
+    python bench/throughput.py --arch resnet50 --precision bf16 --channels-last            # eager
+    python bench/throughput.py --arch resnet50 --precision fp16 --channels-last --compile
+    python bench/throughput.py ... --variants raw,app_synthetic,app_nvtx,app_folder --data /data/jpegs
+
+Variants:
+    raw            the plain loop (.carry/raw_loop.py, or --raw-loop PATH): synthetic data on the GPU
+    app_synthetic  the app (ImageNetClassifier + ImageNetDataModule(source=synthetic) + Trainer), same config
+    app_nvtx       as app_synthetic with the profiling callback on and its window past the end: the cost of the
+                   NVTX step/phase ranges outside the window
+    app_folder     the app on a JPEG folder (--data), through the worker + prefetcher input path
+
+Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRECISIONS = {"fp32": "32-true", "tf32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arch", default="resnet50")
+    p.add_argument("--batch", type=int, default=256, help="per GPU")
+    p.add_argument("--precision", default="bf16", choices=sorted(PRECISIONS))
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--steps", type=int, default=50, help="timed steps")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--data", help="JPEG folder (ImageNet layout) for app_folder")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 8)
+    p.add_argument("--variants", default="raw,app_synthetic,app_nvtx")
+    p.add_argument("--raw-loop", default=str(ROOT / ".carry" / "raw_loop.py"))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def run_raw(a: argparse.Namespace) -> dict:
+    import torch
+
+    argv = ["raw_loop.py", "--arch", a.arch, "--batch", str(a.batch), "--precision", a.precision]
+    argv += ["--steps", str(a.steps), "--warmup", str(a.warmup)]
+    argv += ["--channels-last"] * a.channels_last + ["--compile"] * a.compile
+    sys.argv = argv
+    start = time.perf_counter()
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(a.raw_loop, run_name="__main__")
+    result = json.loads(out.getvalue().strip().splitlines()[-1])
+    result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    result["wall_s"] = time.perf_counter() - start
+    return result
+
+
+def run_app(a: argparse.Namespace, variant: str) -> dict:
+    import pytorch_lightning as pl
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from callbacks import ProfilerWindow
+    from datamodule import ImageNetDataModule
+    from imagenet_module import ImageNetClassifier
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = a.precision != "fp32"
+
+    class StepTimer(pl.Callback):
+        def __init__(self) -> None:
+            self.t0 = self.t1 = 0.0
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+            if trainer.global_step == a.warmup:
+                torch.cuda.synchronize()
+                self.t0 = time.perf_counter()
+            elif trainer.global_step == a.warmup + a.steps:
+                torch.cuda.synchronize()
+                self.t1 = time.perf_counter()
+
+    folder = variant == "app_folder"
+    data = ImageNetDataModule(
+        root=a.data or "unused",
+        source="folder" if folder else "synthetic",
+        batch_size=a.batch,
+        workers=a.workers if folder else 0,
+        channels_last=a.channels_last,
+        synthetic_num_classes=1000,
+        synthetic_train_steps=a.warmup + a.steps + 5,
+    )
+    model = ImageNetClassifier(
+        arch=a.arch,
+        num_classes=data.num_classes,
+        batch_size=a.batch,
+        channels_last=a.channels_last,
+        compile="default" if a.compile else None,
+    )
+    timer = StepTimer()
+    callbacks: list[pl.Callback] = [timer]
+    if variant == "app_nvtx":
+        callbacks.append(ProfilerWindow(start_step=10**9, nvtx=True))
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision=PRECISIONS[a.precision],
+        max_steps=a.warmup + a.steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        benchmark=True,
+        callbacks=callbacks,
+    )
+    start = time.perf_counter()
+    trainer.fit(model, data)
+    dt = timer.t1 - timer.t0
+    return {
+        "arch": a.arch,
+        "precision": a.precision,
+        "channels_last": a.channels_last,
+        "compile": a.compile,
+        "batch_per_gpu": a.batch,
+        "img_s": round(a.steps * a.batch / dt, 1),
+        "ms_per_step": round(dt * 1000 / a.steps, 2),
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse(argv)
+    if a.child:
+        result = run_raw(a) if a.child == "raw" else run_app(a, a.child)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+    rows = []
+    for variant in a.variants.split(","):
+        if variant == "app_folder" and not a.data:
+            sys.exit("app_folder needs --data PATH (an ImageNet-layout JPEG folder: bench/make_jpeg_folder.py)")
+        cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", variant]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+            sys.exit(f"variant {variant} failed with exit code {proc.returncode}")
+        rows.append((variant, json.loads(lines[-1][len("RESULT ") :])))
+        print(f"{variant}: {rows[-1][1]}", flush=True)
+    base = dict(rows).get("raw")
+    config = f"{a.arch}, {a.precision}, {'channels_last' if a.channels_last else 'NCHW'}, "
+    config += f"{'compiled' if a.compile else 'eager'}, batch {a.batch}/GPU"
+    print(f"\n| variant ({config}) | img/s | ms/step | vs raw | peak GiB | peak vs raw |")
+    print("|---|---|---|---|---|---|")
+    for variant, r in rows:
+        ratio = f"{r['img_s'] / base['img_s']:.3f}" if base else "-"
+        mem = f"{r['peak_mem_gib'] / base['peak_mem_gib']:.3f}" if base else "-"
+        print(f"| {variant} | {r['img_s']:,.0f} | {r['ms_per_step']} | {ratio} | {r['peak_mem_gib']:.2f} | {mem} |")
+
+
+if __name__ == "__main__":
+    main()

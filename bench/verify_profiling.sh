@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Verifies the profiling window in real Nsight Systems reports (run on a GPU machine, from the project root).
+#   bash bench/verify_profiling.sh OUTDIR [single|windows|lightning2|torchrun2|ncu ...]
+# single     : 1 process, ResNet-50 on JPEGs, window at step 20 for 10 steps, nsys --capture-range=cudaProfilerApi
+# windows    : two windows (steps 20-24 and 40-44) with --capture-range-end=repeat
+# lightning2 : 2 GPUs through Lightning's own launcher: one report holding both ranks
+# torchrun2  : 2 GPUs through torchrun, one report per rank (%q{RANK})
+# ncu        : Nsight Compute on the kernels of one step range (--nvtx-include "step 20/")
+set -uo pipefail
+out=${1:?OUTDIR}; shift
+mkdir -p "$out"
+data=/tmp/shapes_bench
+common=(--config configs/resnet50_synthetic.yaml --data.source generated --data.root "$data" --data.workers 8
+        --data.crop_size 224 --trainer.max_steps 60 --trainer.enable_progress_bar false --data.batch_size 128)
+nsys_flags=(-s none -t cuda,nvtx --capture-range=cudaProfilerApi --force-overwrite true)
+python3 -c "import shapes_dataset as s; s.generate('$data', train_per_class=400, val_per_class=10)"
+status=0
+run() { echo "+ $*"; "$@"; local rc=$?; echo "exit code: $rc"; [ $rc -eq 0 ] || status=1; return $rc; }
+for stage in "$@"; do
+  case $stage in
+  single)
+    run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/single" \
+      python3 train.py "${common[@]}" --profile.start_step 20 --profile.num_steps 10
+    run nsys export --type sqlite --force-overwrite true -o "$out/single.sqlite" "$out/single.nsys-rep" >/dev/null
+    run python3 bench/check_nsys.py "$out/single.sqlite" --steps 20-29
+    nsys stats --report nvtx_sum --format csv "$out/single.nsys-rep" 2>/dev/null | head -12 ;;
+  windows)
+    run nsys profile "${nsys_flags[@]}" --capture-range-end=repeat -o "$out/windows" \
+      python3 train.py "${common[@]}" --profile.start_step '[20,40]' --profile.num_steps 5
+    ls "$out"/windows*
+    i=0; for rep in $(ls "$out"/windows*.nsys-rep | sort); do
+      nsys export --type sqlite --force-overwrite true -o "$out/windows.$i.sqlite" "$rep" >/dev/null
+      i=$((i+1)); done
+    run python3 bench/check_nsys.py "$out/windows.0.sqlite" --steps 20-24
+    run python3 bench/check_nsys.py "$out/windows.1.sqlite" --steps 40-44 ;;
+  lightning2)
+    run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/lightning2" \
+      python3 train.py "${common[@]}" --trainer.devices 2 --trainer.strategy ddp --profile.start_step 20
+    run nsys export --type sqlite --force-overwrite true -o "$out/lightning2.sqlite" "$out/lightning2.nsys-rep" >/dev/null
+    run python3 bench/check_nsys.py "$out/lightning2.sqlite" --steps 20-29 --processes 2 ;;
+  torchrun2)
+    run torchrun --nproc_per_node 2 --no-python nsys profile "${nsys_flags[@]}" --capture-range-end=stop \
+      -o "$out/torchrun2.rank%q{RANK}" python3 train.py "${common[@]}" --trainer.devices 2 --trainer.strategy ddp \
+      --profile.start_step 20
+    for r in 0 1; do nsys export --type sqlite --force-overwrite true -o "$out/torchrun2.rank$r.sqlite" \
+      "$out/torchrun2.rank$r.nsys-rep" >/dev/null; done
+    run python3 bench/check_nsys.py "$out/torchrun2.rank0.sqlite" "$out/torchrun2.rank1.sqlite" --steps 20-29 ;;
+  ncu)
+    run ncu --profile-from-start off --nvtx --nvtx-include "step 20/" --launch-count 3 --clock-control none \
+      -o "$out/ncu_step20" -f python3 train.py "${common[@]}" --profile.start_step 20 --profile.num_steps 1
+    ncu --import "$out/ncu_step20.ncu-rep" --page raw --csv 2>/dev/null | cut -c1-200 | head -4 ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,107 @@
+"""Shared fixtures of the test suite: a tiny generated dataset, CLI argument helpers and a ``train.py`` runner.
+
+``python -m pytest -q`` runs everything on the CPU; tests marked ``gpu`` are skipped unless CUDA is available
+(``python -m pytest -m gpu`` on a GPU machine).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+# The application modules live at the repository root (not installed in a fresh checkout); the test-only helpers
+# (core_probes.py) next to this file, where --trainer.callbacks class paths of in-process CLI runs find them.
+for _path in (str(REPO), str(TESTS)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import shapes_dataset  # noqa: E402
+
+#: Train/val images per class of the session dataset (10 classes, 32x32 pixels).
+TRAIN_PER_CLASS = 24
+VAL_PER_CLASS = 6
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run `python -m pytest -m gpu` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shapes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small generated shapes dataset: 10 classes, 24 train and 6 val JPEGs per class, 32x32 pixels. Read-only."""
+    root = tmp_path_factory.mktemp("data") / "shapes"
+    return shapes_dataset.generate(
+        root, train_per_class=TRAIN_PER_CLASS, val_per_class=VAL_PER_CLASS, image_size=32, seed=0
+    )
+
+
+def _tiny_args(root: Path | str, run_dir: Path | str, **overrides: object) -> list[str]:
+    """CLI arguments (without the subcommand) for a fast CPU run of resnet18 on 32-pixel crops of ``root``.
+
+    The run writes under ``run_dir`` (checkpoints and CSV logs in ``run_dir/logs/<version>``). ``overrides`` are
+    extra ``--key value`` pairs, the key with ``__`` for ``.`` (``trainer__max_steps=4``); a ``None`` value drops
+    the default of that key.
+    """
+    options: dict[str, object] = {
+        "data.root": root,
+        "data.workers": 0,
+        "data.batch_size": 16,
+        "data.crop_size": 32,
+        "data.min_crop_scale": 0.35,
+        "data.val_resize_size": 36,
+        "data.val_crop_size": 32,
+        "model.arch": "resnet18",
+        "trainer.accelerator": "cpu",
+        "trainer.devices": 1,
+        "trainer.enable_progress_bar": "false",
+        "trainer.enable_model_summary": "false",
+        "trainer.num_sanity_val_steps": 0,
+        "trainer.default_root_dir": run_dir,
+        "trainer.logger.init_args.save_dir": run_dir,
+        "trainer.logger.init_args.name": "logs",
+    }
+    for key, value in overrides.items():
+        options[key.replace("__", ".")] = value
+    args: list[str] = []
+    for key, value in options.items():
+        if value is not None:
+            args += [f"--{key}", str(value)]
+    return args
+
+
+def _run_train(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Runs ``python train.py *args`` in ``cwd`` with the test helpers importable; returns the finished process."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_args():
+    """:func:`_tiny_args`: CLI arguments of a fast CPU run."""
+    return _tiny_args
+
+
+@pytest.fixture(scope="session")
+def run_train():
+    """:func:`_run_train`: runs ``python train.py`` in a subprocess."""
+    return _run_train

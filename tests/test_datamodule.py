@@ -1,0 +1,345 @@
+"""The data side: fast_collate, samplers, dataset layout checks and the loaders of ImageNetDataModule on the CPU."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from lightning_fabric.utilities.data import _set_sampler_epoch
+from PIL import Image
+from torch.utils.data import DistributedSampler
+
+import train
+from datamodule import ImageNetDataModule, ShardSampler, check_layout, fast_collate
+from prefetcher import DevicePrefetcher, SyntheticBatches
+from shapes_dataset import MANIFEST
+
+NUM_CLASSES = 10
+
+
+def sizes(root: Path) -> tuple[int, int]:
+    """Train and val images of a generated dataset."""
+    manifest = json.loads((root / MANIFEST).read_text())
+    return manifest["train_per_class"] * NUM_CLASSES, manifest["val_per_class"] * NUM_CLASSES
+
+
+def pattern(height: int, width: int, seed: int) -> np.ndarray:
+    """An HWC uint8 array whose every (y, x, channel) value is distinct within the image."""
+    values = np.arange(height * width * 3, dtype=np.int64).reshape(height, width, 3)
+    return ((values * 7 + seed * 31) % 251).astype(np.uint8)
+
+
+def small_dm(root: Path, **kwargs: object) -> ImageNetDataModule:
+    options = dict(root=str(root), workers=0, batch_size=8, crop_size=32, val_resize_size=36, val_crop_size=32)
+    options.update(kwargs)
+    return ImageNetDataModule(**options)
+
+
+def fake_trainer(world_size: int = 1, rank: int = 0) -> SimpleNamespace:
+    """What the data module reads from its trainer: world size, global rank and the root device."""
+    return SimpleNamespace(
+        world_size=world_size, global_rank=rank, strategy=SimpleNamespace(root_device=torch.device("cpu"))
+    )
+
+
+# --- fast_collate -----------------------------------------------------------------------------------------------
+def test_fast_collate_rgb_layout_dtype_and_targets() -> None:
+    height, width = 5, 7
+    arrays = [pattern(height, width, seed) for seed in range(3)]
+    batch = [(Image.fromarray(a), target) for a, target in zip(arrays, (4, 0, 9), strict=True)]
+    images, targets = fast_collate(batch)
+    assert images.dtype == torch.uint8
+    assert images.shape == (3, 3, height, width)
+    assert images.is_contiguous()
+    assert targets.dtype == torch.int64
+    assert targets.tolist() == [4, 0, 9]
+    for i, array in enumerate(arrays):
+        # NCHW: images[n, c, y, x] is pixel (y, x), channel c, of image n.
+        assert torch.equal(images[i], torch.from_numpy(array).permute(2, 0, 1))
+    # One asymmetric pixel spelled out: row 1, column 6 of image 2.
+    assert images[2, :, 1, 6].tolist() == arrays[2][1, 6].tolist()
+
+
+def test_fast_collate_single_red_pixel_lands_in_channel_0() -> None:
+    array = np.zeros((4, 6, 3), dtype=np.uint8)
+    array[3, 1] = (200, 0, 0)  # red pixel at y=3, x=1
+    images, _ = fast_collate([(Image.fromarray(array), 0)])
+    assert images[0, 0, 3, 1] == 200
+    assert images.sum() == 200
+
+
+def test_fast_collate_broadcasts_grayscale_and_accepts_arrays() -> None:
+    gray = pattern(4, 6, 1)[:, :, 0]
+    rgba = np.concatenate([pattern(4, 6, 2), np.full((4, 6, 1), 255, np.uint8)], axis=2)
+    rgb_array = pattern(4, 6, 3)
+    gray_image = Image.fromarray(gray)
+    assert gray_image.mode == "L"
+    images, targets = fast_collate([(gray_image, 1), (rgba, 2), (rgb_array, 3)])
+    assert images.shape == (3, 3, 4, 6)
+    for channel in range(3):
+        assert torch.equal(images[0, channel], torch.from_numpy(gray))
+    assert torch.equal(images[1], torch.from_numpy(rgba[:, :, :3]).permute(2, 0, 1))  # alpha dropped
+    assert torch.equal(images[2], torch.from_numpy(rgb_array).permute(2, 0, 1))
+    assert targets.tolist() == [1, 2, 3]
+
+
+def test_fast_collate_mismatched_sizes_error() -> None:
+    batch = [(Image.new("RGB", (3, 2)), 0), (Image.new("RGB", (3, 2)), 1), (Image.new("RGB", (4, 2)), 2)]
+    with pytest.raises(ValueError, match=r"image 2 is 4x2, the first is 3x2.*one size"):
+        fast_collate(batch)
+
+
+# --- samplers ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("length", [0, 1, 7, 60, 61])
+@pytest.mark.parametrize("replicas", [1, 2, 3, 8])
+def test_shard_sampler_covers_every_index_once_without_padding(length: int, replicas: int) -> None:
+    shards = [list(ShardSampler(length, replicas, rank)) for rank in range(replicas)]
+    assert sorted(i for shard in shards for i in shard) == list(range(length))
+    for rank, shard in enumerate(shards):
+        assert len(ShardSampler(length, replicas, rank)) == len(shard)
+        assert shard == sorted(shard)
+    assert max(len(s) for s in shards) - min(len(s) for s in shards) <= 1
+
+
+def test_train_loader_uses_distributed_sampler_whose_epoch_is_set_through_the_prefetcher(shapes_root: Path) -> None:
+    loaders = []
+    for rank in range(2):
+        dm = small_dm(shapes_root)
+        dm.trainer = fake_trainer(world_size=2, rank=rank)
+        dm.setup("fit")
+        loaders.append(dm.train_dataloader())
+    for loader in loaders:
+        assert isinstance(loader, DevicePrefetcher)
+        assert isinstance(loader.sampler, DistributedSampler)
+    orders = {}
+    for epoch in (0, 1):
+        for rank, loader in enumerate(loaders):
+            _set_sampler_epoch(loader, epoch)  # what Lightning's fit loop calls at every epoch start
+            assert loader.sampler.epoch == epoch
+            orders[epoch, rank] = list(loader.sampler)
+        # Two ranks: disjoint halves of the training set, the same size.
+        assert not set(orders[epoch, 0]) & set(orders[epoch, 1])
+        assert len(orders[epoch, 0]) == len(orders[epoch, 1]) == sizes(shapes_root)[0] // 2
+    assert orders[0, 0] != orders[1, 0]
+    assert sorted(orders[0, 0] + orders[0, 1]) == sorted(orders[1, 0] + orders[1, 1])
+    # The loader follows the sampler: the targets of the epoch-1 batches are those of the sampler's indices.
+    loader = loaders[0]
+    targets = torch.cat([t for _, t in loader]).tolist()
+    expected = [loader.dataset.targets[i] for i in orders[1, 0]]
+    assert targets == expected[: len(loader) * 8]
+    assert len(loader) == len(orders[1, 0]) // 8  # drop_last: every rank steps the same number of times
+
+
+def test_single_process_train_order_depends_on_seed_and_epoch_only(shapes_root: Path) -> None:
+    def order(seed: int, epoch: int) -> list[int]:
+        dm = small_dm(shapes_root, seed=seed)
+        dm.trainer = fake_trainer()
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+        _set_sampler_epoch(loader, epoch)
+        return list(loader.sampler)
+
+    assert order(0, 3) == order(0, 3)
+    assert order(0, 3) != order(0, 4)
+    assert order(0, 3) != order(1, 3)
+    assert sorted(order(0, 3)) == list(range(sizes(shapes_root)[0]))
+
+
+def test_val_loader_shards_without_padding_and_yields_normalized_batches(shapes_root: Path) -> None:
+    seen = []
+    for rank in range(2):
+        dm = small_dm(shapes_root, batch_size=7)
+        dm.trainer = fake_trainer(world_size=2, rank=rank)
+        dm.setup("validate")
+        assert dm.train_set is None  # validate builds only what it needs
+        loader = dm.val_dataloader()
+        assert isinstance(loader.sampler, ShardSampler)
+        batches = list(loader)
+        assert len(batches) == len(loader)
+        for images, targets in batches:
+            assert images.dtype == torch.float32 and images.shape[1:] == (3, 32, 32)
+            assert targets.dtype == torch.int64
+        targets = torch.cat([t for _, t in batches]).tolist()
+        assert targets == [loader.dataset.targets[i] for i in loader.sampler]
+        seen.append(list(loader.sampler))
+    assert sorted(seen[0] + seen[1]) == list(range(sizes(shapes_root)[1]))
+    # The test stage evaluates the val split.
+    assert dm.test_dataloader().sampler.indices == dm.val_dataloader().sampler.indices
+
+
+def test_without_trainer_the_loaders_are_single_process_on_cpu(shapes_root: Path) -> None:
+    dm = small_dm(shapes_root, channels_last=True)
+    assert dm.classes[0] == "checker" and dm.num_classes == NUM_CLASSES
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert loader.sampler.num_replicas == 1
+    images, targets = next(iter(loader))
+    assert images.device.type == "cpu" and images.shape == (8, 3, 32, 32)
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert int(targets.max()) < NUM_CLASSES
+
+
+def test_synthetic_source_needs_no_files(tmp_path: Path) -> None:
+    dm = ImageNetDataModule(
+        root=str(tmp_path / "absent"),
+        source="synthetic",
+        batch_size=4,
+        crop_size=16,
+        synthetic_num_classes=7,
+        synthetic_train_steps=3,
+        synthetic_val_steps=2,
+    )
+    assert dm.num_classes == 7
+    dm.setup("fit")
+    train_loader, val_loader = dm.train_dataloader(), dm.val_dataloader()
+    assert isinstance(train_loader, SyntheticBatches)
+    assert (len(train_loader), len(val_loader)) == (3, 2)
+    images, targets = next(iter(train_loader))
+    assert images.shape == (4, 3, 16, 16) and int(targets.max()) < 7
+
+
+def test_hidden_folders_are_no_classes(shapes_root: Path, tmp_path: Path) -> None:
+    # A Jupyter checkpoint folder (hidden) inside each split: must neither count as a class nor shift the labels.
+    root = tmp_path / "data"
+    for split in ("train", "val"):
+        for name in ("circle", "square"):
+            shutil.copytree(shapes_root / split / name, root / split / name)
+        hidden = root / split / ".ipynb_checkpoints"
+        hidden.mkdir()
+        shutil.copy(next((shapes_root / split / "circle").iterdir()), hidden / "copy.JPEG")
+    dm = small_dm(root)
+    assert dm.classes == ["circle", "square"]
+    dm.setup("fit")
+    assert dm.train_set.classes == ["circle", "square"]
+    assert sorted(set(dm.train_set.targets)) == [0, 1]
+    assert sorted(set(dm.val_set.targets)) == [0, 1]
+
+
+def test_generated_source_draws_the_dataset_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shapes_dataset
+
+    calls = []
+    real_generate = shapes_dataset.generate
+
+    def small_generate(root, seed=0, **kwargs):  # noqa: ANN001
+        calls.append(seed)
+        return real_generate(root, train_per_class=2, val_per_class=1, image_size=16, seed=seed)
+
+    monkeypatch.setattr(shapes_dataset, "generate", small_generate)
+    dm = small_dm(tmp_path / "shapes", source="generated", crop_size=16, val_resize_size=16, val_crop_size=16, seed=3)
+    assert dm.num_classes == len(shapes_dataset.CLASSES)  # known before anything is drawn
+    with pytest.raises(FileNotFoundError, match="no complete generated dataset"):
+        dm.setup("fit")
+    dm.prepare_data()
+    dm.setup("fit")
+    assert calls == [3]
+    assert len(dm.train_set) == 2 * NUM_CLASSES and dm.train_set.classes == list(shapes_dataset.CLASSES)
+
+
+# --- bad roots ---------------------------------------------------------------------------------------------------
+def make_layout(root: Path, train: list[str], val: list[str], source: Path | None = None) -> Path:
+    """Folders ``root/{train,val}/<class>``, each with one JPEG copied from ``source`` (empty without one)."""
+    for split, names in (("train", train), ("val", val)):
+        for name in names:
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            if source is not None:
+                shutil.copy(next((source / "val" / "circle").iterdir()), folder / "a.JPEG")
+    return root
+
+
+def test_missing_root(tmp_path: Path) -> None:
+    root = tmp_path / "nowhere"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"data.root: {root} does not exist")):
+        check_layout(root)
+
+
+@pytest.mark.parametrize("missing", ["train", "val"])
+def test_missing_split(tmp_path: Path, missing: str) -> None:
+    root = tmp_path / "data"
+    (root / ("val" if missing == "train" else "train") / "a").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=re.escape(f"data.root: {root / missing} is missing")):
+        check_layout(root)
+
+
+def test_split_without_class_folders(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    (root / "train" / "a").mkdir(parents=True)
+    (root / "val").mkdir()
+    (root / "val" / "flat.JPEG").write_bytes(b"")
+    with pytest.raises(ValueError, match=re.escape(f"{root / 'val'} has no class folders")):
+        check_layout(root)
+
+
+def test_differing_class_sets(tmp_path: Path) -> None:
+    root = make_layout(tmp_path / "data", ["a", "b", "c"], ["a", "c", "d"])
+    with pytest.raises(ValueError, match=r"different classes \(only in train: \['b'\]; only in val: \['d'\]\)"):
+        check_layout(root)
+    assert check_layout(make_layout(tmp_path / "ok", ["b", "a"], ["a", "b"])) == ["a", "b"]
+
+
+def test_empty_class_folder_fails_in_setup_naming_the_folder(tmp_path: Path, shapes_root: Path) -> None:
+    root = make_layout(tmp_path / "data", ["a", "b"], ["a", "b"], source=shapes_root)
+    for image in (root / "train" / "b").iterdir():
+        image.unlink()
+    dm = small_dm(root)
+    assert dm.num_classes == 2  # the layout itself is fine
+    with pytest.raises(
+        FileNotFoundError, match=r"data.root: .*classes b\b.*every class folder under " + re.escape(str(root / "train"))
+    ):
+        dm.setup("fit")
+
+
+def test_bad_roots_fail_through_the_cli_before_training(
+    tmp_path: Path, shapes_root: Path, tiny_args, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["train.py"])  # the CLI's arguments are main's, not pytest's
+    run = tmp_path / "run"
+    # Missing root: while the CLI links data.num_classes into the model.
+    with pytest.raises(FileNotFoundError, match=re.escape(f"{tmp_path / 'absent'} does not exist")):
+        train.main(["fit", *tiny_args(tmp_path / "absent", run)])
+    # Differing class sets.
+    root = make_layout(tmp_path / "differ", ["a", "b"], ["a", "c"], source=shapes_root)
+    with pytest.raises(ValueError, match=re.escape(f"{root}/train and {root}/val have different classes")):
+        train.main(["fit", *tiny_args(root, run)])
+    # Empty class folder: in setup, before any step.
+    root = make_layout(tmp_path / "empty", ["a", "b"], ["a", "b"], source=shapes_root)
+    (root / "val" / "b" / "a.JPEG").unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape(f"every class folder under {root / 'val'}")):
+        train.main(["fit", *tiny_args(root, run)])
+    assert not list(run.rglob("*.ckpt"))
+    assert not list(run.rglob("metrics.csv"))
+
+
+@pytest.mark.slow
+def test_bad_root_through_train_py_exits_nonzero_naming_the_path(tmp_path: Path, tiny_args, run_train) -> None:
+    root = tmp_path / "data"
+    (root / "train" / "a").mkdir(parents=True)
+    result = run_train(["fit", *tiny_args(root, tmp_path / "run")], cwd=tmp_path, timeout=120)
+    assert result.returncode != 0
+    assert f"data.root: {root / 'val'} is missing" in result.stderr
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+# --- argument checks ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, "data.batch_size must be >= 1"),
+        ({"workers": -1}, "data.workers must be >= 0"),
+        ({"val_resize_size": 32, "val_crop_size": 48}, r"data.val_crop_size \(48\) is larger"),
+        ({"min_crop_scale": 0.0}, "data.min_crop_scale must be in"),
+        ({"crop_size": 0}, "must be >= 1"),
+        ({"synthetic_val_steps": 0}, "data.synthetic_"),
+    ],
+)
+def test_invalid_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ImageNetDataModule(**kwargs)

@@ -1,0 +1,164 @@
+"""GPU tests of the input path and the profiling window: run on a CUDA machine with ``python -m pytest -m gpu``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+import shapes_dataset
+from callbacks import ProfilerWindow
+from datamodule import ImageNetDataModule, fast_collate
+from imagenet_module import ImageNetClassifier
+from prefetcher import IMAGENET_MEAN_255, IMAGENET_STD_255, DevicePrefetcher
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _uint8_batches(count: int, size: int = 64, batch: int = 16, seed: int = 0) -> list:
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=generator)
+        out.append((images.pin_memory(), torch.randint(0, 1000, (batch,), generator=generator).pin_memory()))
+    return out
+
+
+def test_prefetched_batches_equal_cpu_reference_bit_for_bit():
+    batches = _uint8_batches(6)
+    on_gpu = list(DevicePrefetcher(batches, "cuda"))
+    on_cpu = list(DevicePrefetcher(batches, "cpu"))
+    assert len(on_gpu) == len(on_cpu) == 6
+    for (gx, gy), (cx, cy) in zip(on_gpu, on_cpu, strict=True):
+        assert gx.device.type == "cuda" and gx.dtype == torch.float32
+        # Both sides run the same IEEE ops (sub, div) in float32: equal bit for bit.
+        assert torch.equal(gx.cpu(), cx)
+        assert torch.equal(gy.cpu(), cy)
+
+
+def test_record_stream_keeps_batch_memory_valid_while_consumer_lags():
+    batches = _uint8_batches(12, size=128, batch=32, seed=1)
+    reference = [DevicePrefetcher([b], "cpu").__iter__().__next__()[0].double().sum().item() for b in batches]
+    delay = torch.randn(4096, 4096, device="cuda")
+    sums = []
+    for images, _ in DevicePrefetcher(batches, "cuda"):
+        # Keep the consumer stream busy so that the side stream runs ahead: without record_stream the allocator may
+        # hand this batch's memory to the next copy before the sum below reads it.
+        for _ in range(4):
+            delay = delay @ delay
+            delay /= delay.norm()
+        sums.append(images.double().sum())
+        del images
+    torch.cuda.synchronize()
+    assert [s.item() for s in sums] == pytest.approx(reference, rel=1e-12)
+
+
+def test_channels_last_reaches_the_model(tmp_path: Path):
+    root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=4, val_per_class=2, image_size=40)
+    seen = []
+    for source in ("folder", "synthetic"):
+        data = ImageNetDataModule(
+            root=str(root),
+            source=source,
+            batch_size=8,
+            workers=0,
+            crop_size=32,
+            val_resize_size=36,
+            val_crop_size=32,
+            channels_last=True,
+            synthetic_num_classes=10,
+            synthetic_train_steps=3,
+        )
+        model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=8, channels_last=True)
+        model.model.conv1.register_forward_hook(
+            lambda module, inputs, output: seen.append(
+                (
+                    inputs[0].is_contiguous(memory_format=torch.channels_last),
+                    module.weight.is_contiguous(memory_format=torch.channels_last),
+                    inputs[0].device.type,
+                )
+            )
+        )
+        trainer = pl.Trainer(
+            accelerator="gpu",
+            devices=1,
+            max_steps=2,
+            limit_val_batches=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(model, data)
+    assert seen and all(s == (True, True, "cuda") for s in seen)
+
+
+def test_kineto_trace_shows_pinned_copies_on_a_side_stream_overlapping_compute(tmp_path: Path):
+    # Full-size images and a crop that keeps them whole: the workers stay ahead of the GPU, so the copy of the next
+    # batch has compute to hide behind (a data-bound run has none, and shows no overlap whatever the prefetcher does).
+    root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=100, val_per_class=2, image_size=224)
+    data = ImageNetDataModule(
+        root=str(root),
+        batch_size=96,
+        workers=min(16, os.cpu_count() or 4),
+        crop_size=224,
+        min_crop_scale=1.0,
+        channels_last=True,
+    )
+    model = ImageNetClassifier(arch="resnet50", num_classes=10, batch_size=96, channels_last=True)
+    window = ProfilerWindow(start_step=3, num_steps=3, torch_profiler=True, trace_dir=str(tmp_path / "traces"))
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision="bf16-mixed",
+        max_steps=20,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[window],
+    )
+    trainer.fit(model, data)
+    assert trainer.global_step == 6  # exit_after: stopped right after the window
+    (trace,) = window.trace_files
+    events = json.loads(Path(trace).read_text())["traceEvents"]
+    copies = [e for e in events if e.get("cat") == "gpu_memcpy" and "HtoD" in e["name"]]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    assert copies and kernels
+    assert all("Pinned" in e["name"] for e in copies), {e["name"] for e in copies}
+    compute_streams = {e["args"]["stream"] for e in kernels if "gemm" in e["name"] or "conv" in e["name"].lower()}
+    copy_streams = {e["args"]["stream"] for e in copies}
+    assert not copy_streams & compute_streams, (copy_streams, compute_streams)
+
+    def overlaps(copy: dict) -> bool:
+        start, end = copy["ts"], copy["ts"] + copy["dur"]
+        return any(
+            k["ts"] < end and k["ts"] + k["dur"] > start
+            for k in kernels
+            if k["args"]["stream"] != copy["args"]["stream"]
+        )
+
+    overlapped = sum(overlaps(c) for c in copies)
+    print(f"H2D copies overlapping compute: {overlapped} of {len(copies)}")
+    assert overlapped >= len(copies) // 2, f"only {overlapped} of {len(copies)} H2D copies overlap compute kernels"
+    user = [e["name"] for e in events if e.get("cat") == "user_annotation"]
+    assert [n for n in user if n.startswith("step ")] == ["step 3", "step 4", "step 5"]
+
+
+def test_fast_collate_batches_pin_and_normalize_on_gpu():
+    from PIL import Image
+
+    images = [(Image.new("RGB", (8, 8), (10 * i, 20, 30)), i) for i in range(4)]
+    batch = fast_collate(images)
+    ((x, y),) = list(DevicePrefetcher([(batch[0].pin_memory(), batch[1].pin_memory())], "cuda"))
+    mean = torch.tensor(IMAGENET_MEAN_255).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD_255).view(1, 3, 1, 1)
+    assert torch.equal(x.cpu(), (batch[0].float() - mean) / std)
+    assert y.tolist() == [0, 1, 2, 3]

@@ -1,0 +1,282 @@
+"""The LightningModule: learning-rate schedule and scaling, model building and weights loading, metrics."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+import torchvision
+from core_probes import LRLog
+from torch.utils.data import DataLoader, TensorDataset
+
+from datamodule import ImageNetDataModule
+from imagenet_module import ImageNetClassifier, build_model, classification_archs, lr_multiplier
+
+SPE = 100  # steps per epoch of the schedule tests
+
+
+def step_schedule(step: int, steps_per_epoch: int = SPE, warmup: float = 5) -> float:
+    return lr_multiplier(step, steps_per_epoch, warmup, "step", [30, 60, 80], 0.1, 90)
+
+
+# --- lr_multiplier -----------------------------------------------------------------------------------------------
+def test_warmup_is_linear_per_step_from_one_step_to_the_full_rate() -> None:
+    assert step_schedule(0) == pytest.approx(1 / (5 * SPE))
+    assert step_schedule(1) == pytest.approx(2 / (5 * SPE))
+    assert step_schedule(5 * SPE // 2 - 1) == pytest.approx(0.5)
+    assert step_schedule(5 * SPE - 1) == pytest.approx(1.0)  # the last warmup step reaches the base rate
+    assert step_schedule(5 * SPE) == pytest.approx(1.0)
+    warmup = [step_schedule(s) for s in range(5 * SPE)]
+    assert all(b > a for a, b in zip(warmup, warmup[1:], strict=False))
+
+
+@pytest.mark.parametrize(
+    ("epoch", "factor"),
+    [(5, 1.0), (29, 1.0), (30, 0.1), (59, 0.1), (60, 0.01), (79, 0.01), (80, 0.001), (89, 0.001)],
+)
+def test_step_decay_at_the_milestones(epoch: int, factor: float) -> None:
+    assert step_schedule(epoch * SPE) == pytest.approx(factor)
+    assert step_schedule(epoch * SPE + SPE - 1) == pytest.approx(factor)  # constant through the epoch
+
+
+def test_fractional_and_no_warmup() -> None:
+    assert step_schedule(0, warmup=0) == 1.0
+    assert step_schedule(0, steps_per_epoch=10, warmup=0.5) == pytest.approx(1 / 5)
+    assert step_schedule(4, steps_per_epoch=10, warmup=0.5) == pytest.approx(1.0)
+    assert step_schedule(5, steps_per_epoch=10, warmup=0.5) == 1.0
+
+
+def test_cosine_schedule() -> None:
+    def cosine(step: int, warmup: float = 5) -> float:
+        return lr_multiplier(step, SPE, warmup, "cosine", [30, 60, 80], 0.1, 90)
+
+    assert cosine(0) == pytest.approx(1 / (5 * SPE))
+    assert cosine(5 * SPE - 1) == pytest.approx(1.0)
+    assert cosine(5 * SPE) == pytest.approx(1.0)
+    middle = 5 * SPE + (90 - 5) * SPE // 2
+    assert cosine(middle) == pytest.approx(0.5)
+    assert cosine(90 * SPE - 1) == pytest.approx(0.0, abs=1e-5)
+    assert cosine(90 * SPE + 50) == 0.0
+    after = [cosine(s) for s in range(5 * SPE, 90 * SPE, 37)]
+    assert all(b < a for a, b in zip(after, after[1:], strict=False))
+    # The milestones play no part in the cosine schedule.
+    assert cosine(30 * SPE) > 0.5
+    assert lr_multiplier(0, SPE, 0, "cosine", [], 0.1, 90) == 1.0
+    assert lr_multiplier(45 * SPE, SPE, 0, "cosine", [], 0.1, 90) == pytest.approx(0.5)
+
+
+# --- learning-rate scaling and configure_optimizers --------------------------------------------------------------
+def mocked_trainer(world_size: int, accumulate: int, batches: int = 10, max_epochs: int = 90) -> SimpleNamespace:
+    return SimpleNamespace(
+        world_size=world_size, accumulate_grad_batches=accumulate, num_training_batches=batches, max_epochs=max_epochs
+    )
+
+
+@pytest.mark.parametrize(("world", "accumulate"), [(1, 1), (4, 1), (8, 2), (3, 5)])
+def test_base_lr_scales_with_the_global_batch(world: int, accumulate: int) -> None:
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, lr=0.1, batch_size=32, warmup_epochs=5)
+    model._trainer = mocked_trainer(world, accumulate, batches=10)
+    assert model.global_batch_size() == 32 * world * accumulate
+    config = model.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert config["lr_scheduler"]["interval"] == "step"
+    base = 0.1 * 32 * world * accumulate / 256
+    spe = math.ceil(10 / accumulate)
+    group = optimizer.param_groups[0]
+    assert group["initial_lr"] == pytest.approx(base)
+    assert group["lr"] == pytest.approx(base / (5 * spe))  # step 0 of the warmup
+    assert (group["momentum"], group["weight_decay"], group["nesterov"]) == (0.9, 1e-4, False)
+    for _ in range(5 * spe - 1):
+        optimizer.step()
+        scheduler.step()
+    assert group["lr"] == pytest.approx(base)  # step 5*spe - 1: warmup done
+    model._trainer = None
+    assert model.global_batch_size() == 32  # no trainer: one process
+
+
+def test_schedule_and_scaling_through_a_real_trainer(shapes_root: Path) -> None:
+    """4 epochs of 2 optimizer steps of 2 accumulated batches: every step's rate is the recipe's."""
+    spe, accumulate, batch = 2, 2, 8
+    model = ImageNetClassifier(
+        arch="resnet18", num_classes=10, lr=0.2, batch_size=batch, warmup_epochs=1, lr_milestones=[1, 2, 3]
+    )
+    dm = ImageNetDataModule(
+        root=str(shapes_root), workers=0, batch_size=batch, crop_size=16, val_resize_size=16, val_crop_size=16
+    )
+    lrs = LRLog()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=4,
+        limit_train_batches=spe * accumulate,
+        limit_val_batches=0,
+        accumulate_grad_batches=accumulate,
+        callbacks=[lrs],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, dm)
+    assert trainer.global_step == 4 * spe
+    base = 0.2 * batch * 1 * accumulate / 256
+    expected = [base * f for f in (1 / 2, 1, 0.1, 0.1, 0.01, 0.01, 0.001, 0.001)]
+    assert list(lrs.lr) == list(range(4 * spe))
+    assert [lrs.lr[s] for s in range(4 * spe)] == pytest.approx(expected)
+    assert [lrs.epoch[s] for s in range(4 * spe)] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+# --- model building ----------------------------------------------------------------------------------------------
+def test_unknown_arch_lists_the_valid_names() -> None:
+    with pytest.raises(ValueError, match=r"unknown architecture 'resnet19'; valid: .*\bresnet18\b.*\bresnet50\b") as e:
+        build_model("resnet19", 10)
+    assert "vit_b_16" in str(e.value)
+    with pytest.raises(ValueError, match="unknown architecture"):
+        ImageNetClassifier(arch="resnet19")
+    # Detection or video models are no image classifiers here.
+    assert "fasterrcnn_resnet50_fpn" not in classification_archs()
+    assert "r3d_18" not in classification_archs()
+
+
+@pytest.fixture(scope="module")
+def resnet18_weights(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A local torchvision resnet18 state_dict file (1000 classes, random weights) and its tensors."""
+    torch.manual_seed(1)
+    state = torchvision.models.resnet18().state_dict()
+    path = tmp_path_factory.mktemp("weights") / "resnet18-random.pth"
+    torch.save(state, path)
+    return path, state
+
+
+def test_weights_load_exactly(resnet18_weights: tuple[Path, dict]) -> None:
+    path, state = resnet18_weights
+    model = build_model("resnet18", 1000, str(path))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, state[key]), key
+
+
+def test_weights_of_a_ddp_or_wrapped_checkpoint(resnet18_weights: tuple[Path, dict], tmp_path: Path) -> None:
+    _, state = resnet18_weights
+    path = tmp_path / "wrapped.pth"
+    torch.save({"state_dict": {f"module.{k}": v for k, v in state.items()}}, path)
+    model = build_model("resnet18", 1000, str(path))
+    assert torch.equal(model.fc.weight, state["fc.weight"])
+
+
+def test_1000_class_weights_into_a_10_class_model_keep_the_body(resnet18_weights: tuple[Path, dict]) -> None:
+    path, state = resnet18_weights
+    torch.manual_seed(0)
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, weights=str(path)).model
+    assert model.fc.weight.shape == (10, 512) and model.fc.bias.shape == (10,)
+    for key, value in model.state_dict().items():
+        if not key.startswith("fc."):
+            assert torch.equal(value, state[key]), key
+    # The head is a fresh initialization, not a slice of the checkpoint's.
+    assert not torch.equal(model.fc.weight, state["fc.weight"][:10])
+
+
+def test_missing_weights_file(tmp_path: Path) -> None:
+    path = tmp_path / "resnet18-f37072fd.pth"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"model.weights: {path} does not exist")):
+        build_model("resnet18", 10, str(path))
+
+
+def test_weights_of_another_arch_are_refused(resnet18_weights: tuple[Path, dict], tmp_path: Path) -> None:
+    path, state = resnet18_weights
+    # Same keys, but a body layer of another width: must not be dropped silently like a head.
+    wider = dict(state)
+    wider["layer1.0.conv1.weight"] = torch.zeros(96, 64, 3, 3)
+    torch.save(wider, tmp_path / "wider.pth")
+    for classes in (1000, 10):
+        with pytest.raises(ValueError, match=r"(?s)does not fit arch 'resnet18'.*layer1\.0\.conv1\.weight"):
+            build_model("resnet18", classes, str(tmp_path / "wider.pth"))
+    # A deeper net whose first blocks fit (resnet18 into resnet34 misses blocks; resnet34 into resnet18 has extra).
+    with pytest.raises(ValueError, match=r"(?s)does not fit arch 'resnet34'.*[Mm]issing key"):
+        build_model("resnet34", 10, str(path))
+    deeper = dict(state)
+    deeper["layer1.2.conv1.weight"] = torch.zeros(64, 64, 3, 3)
+    torch.save(deeper, tmp_path / "deeper.pth")
+    for classes in (1000, 10):
+        with pytest.raises(ValueError, match=r"(?s)does not fit arch 'resnet18'.*[Uu]nexpected key.*layer1\.2"):
+            build_model("resnet18", classes, str(tmp_path / "deeper.pth"))
+
+
+# --- module arguments and metrics --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_classes": 1}, "model.num_classes must be >= 2"),
+        ({"lr": 0.0}, "model.lr must be > 0"),
+        ({"warmup_epochs": -1}, "model.warmup_epochs must be >= 0"),
+        ({"lr_milestones": [60, 30]}, "model.lr_milestones must be increasing"),
+        ({"lr_milestones": [0, 30]}, "model.lr_milestones must be increasing"),
+        ({"label_smoothing": 1.0}, r"model.label_smoothing must be in \[0, 1\)"),
+        ({"batch_size": 0}, "model.batch_size must be >= 1"),
+    ],
+)
+def test_invalid_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ImageNetClassifier(arch="resnet18", **kwargs)
+
+
+def test_top5_is_clipped_to_three_classes() -> None:
+    model = ImageNetClassifier(arch="resnet18", num_classes=3, batch_size=4)
+    assert model.val_acc5.top_k == 3 and model.test_acc5.top_k == 3
+    dm = ImageNetDataModule(
+        source="synthetic", batch_size=4, crop_size=32, synthetic_num_classes=3, synthetic_val_steps=2
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    (val,) = trainer.validate(model, dm, verbose=False)
+    (test,) = trainer.test(model, dm, verbose=False)
+    # Top-3 of 3 classes is always right; top-1 is whatever the untrained net gives.
+    assert val["val_acc5"] == 1.0 and test["test_acc5"] == 1.0
+    assert 0.0 <= val["val_acc1"] <= 1.0 and math.isfinite(val["val_loss"])
+    assert val["val_loss"] == pytest.approx(test["test_loss"])  # same data, separate metric objects
+
+
+def test_val_and_test_loss_weigh_every_sample_equally() -> None:
+    """Batches of 8 and 3: the epoch loss is the mean over the 11 samples, not the mean of the two batch means."""
+    torch.manual_seed(0)
+    model = ImageNetClassifier(arch="resnet18", num_classes=10).eval()
+    with torch.no_grad():
+        model.model.fc.weight *= 50  # confident logits: per-sample losses far apart
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(11, 3, 32, 32, generator=generator)
+    targets = torch.randint(0, 10, (11,), generator=generator)
+    batches = DataLoader(TensorDataset(images, targets), batch_size=8)  # 8 + 3
+    with torch.no_grad():
+        losses = F.cross_entropy(model(images), targets, reduction="none")
+    expected = float(losses.mean())
+    unweighted = float((losses[:8].mean() + losses[8:].mean()) / 2)
+    assert abs(unweighted - expected) > 0.05 * expected  # the test can tell the two apart
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    (val,) = trainer.validate(model, dataloaders=batches, verbose=False)
+    (test,) = trainer.test(model, dataloaders=batches, verbose=False)
+    assert val["val_loss"] == pytest.approx(expected, rel=1e-5)
+    assert test["test_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_channels_last_model_and_forward() -> None:
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, channels_last=True)
+    assert model.model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    images = torch.randn(2, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    assert model(images).shape == (2, 10)
+
+
+def test_label_smoothing_applies_to_training_only() -> None:
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, label_smoothing=0.1)
+    logits = torch.tensor([[10.0] + [0.0] * 9])
+    targets = torch.tensor([0])
+    plain = model._loss(logits, targets)
+    smoothed = model._loss(logits, targets, model.hparams.label_smoothing)
+    assert smoothed > plain

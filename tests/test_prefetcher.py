@@ -1,0 +1,166 @@
+"""DevicePrefetcher (CPU fallback here, the CUDA side-stream path under ``-m gpu``) and SyntheticBatches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightning_fabric.utilities.data import _set_sampler_epoch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from prefetcher import IMAGENET_MEAN_255, IMAGENET_STD_255, DevicePrefetcher, SyntheticBatches
+
+#: The ImageNet statistics on the 0..1 scale, as torchvision documents them.
+MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+
+
+def reference(images: torch.Tensor) -> torch.Tensor:
+    """torchvision's ToTensor + Normalize, computed in float64: (x / 255 - mean) / std."""
+    return ((images.double() / 255 - MEAN.double()) / STD.double()).float()
+
+
+def uint8_batches(count: int = 3, batch: int = 4, size: int = 8, seed: int = 0) -> list[tuple[torch.Tensor, ...]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        (
+            torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=generator),
+            torch.randint(0, 1000, (batch,), dtype=torch.int64, generator=generator),
+        )
+        for _ in range(count)
+    ]
+
+
+def uint8_loader(length: int = 20, batch_size: int = 4, **kwargs: object) -> DataLoader:
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (length, 3, 8, 8), dtype=torch.uint8, generator=generator)
+    targets = torch.arange(length)
+    return DataLoader(TensorDataset(images, targets), batch_size=batch_size, **kwargs)
+
+
+def test_cpu_fallback_yields_normalized_float32_batches() -> None:
+    batches = uint8_batches()
+    prefetcher = DevicePrefetcher(batches, "cpu")
+    assert prefetcher.stream is None and not prefetcher.is_cuda
+    out = list(prefetcher)
+    assert len(out) == len(batches)
+    for (images, targets), (raw_images, raw_targets) in zip(out, batches, strict=True):
+        assert images.dtype == torch.float32 and images.device.type == "cpu"
+        assert images.shape == raw_images.shape
+        assert images.is_contiguous()
+        torch.testing.assert_close(images, reference(raw_images), rtol=0, atol=1e-5)
+        # The form the brief states: (x - mean*255) / (std*255).
+        torch.testing.assert_close(images, (raw_images.float() - MEAN * 255) / (STD * 255), rtol=1e-6, atol=1e-5)
+        assert targets.dtype == torch.int64
+        assert torch.equal(targets, raw_targets)
+    # The input batches are not modified in place.
+    assert all(b[0].dtype == torch.uint8 for b in batches)
+
+
+def test_default_statistics_are_imagenet_on_the_255_scale() -> None:
+    torch.testing.assert_close(torch.tensor(IMAGENET_MEAN_255), MEAN.flatten() * 255)
+    torch.testing.assert_close(torch.tensor(IMAGENET_STD_255), STD.flatten() * 255)
+
+
+def test_custom_statistics() -> None:
+    images = torch.full((1, 3, 2, 2), 100, dtype=torch.uint8)
+    images[:, 1] = 200
+    ((out, _),) = DevicePrefetcher(
+        [(images, torch.zeros(1, dtype=torch.int64))], "cpu", mean=(100, 0, 50), std=(1, 2, 5)
+    )
+    assert out[0, :, 0, 0].tolist() == [0.0, 100.0, 10.0]
+
+
+def test_channels_last_option() -> None:
+    batches = uint8_batches()
+    plain = list(DevicePrefetcher(batches, "cpu"))
+    last = list(DevicePrefetcher(batches, "cpu", channels_last=True))
+    for (a, _), (b, _) in zip(plain, last, strict=True):
+        assert b.is_contiguous(memory_format=torch.channels_last)
+        assert not b.is_contiguous()
+        assert a.is_contiguous()
+        assert torch.equal(a, b)
+
+
+def test_proxies_the_wrapped_loader() -> None:
+    loader = uint8_loader(length=21, sampler=DistributedSampler(range(21), num_replicas=2, rank=1, shuffle=True))
+    prefetcher = DevicePrefetcher(loader, torch.device("cpu"))
+    assert prefetcher.sampler is loader.sampler
+    assert prefetcher.batch_sampler is loader.batch_sampler
+    assert prefetcher.dataset is loader.dataset
+    assert len(prefetcher) == len(loader) == 3  # 11 indices (padded) in batches of 4
+    # Lightning's per-epoch call reaches the sampler through the wrapper and changes the order.
+    _set_sampler_epoch(prefetcher, 0)
+    first = torch.cat([t for _, t in prefetcher]).tolist()
+    _set_sampler_epoch(prefetcher, 5)
+    assert loader.sampler.epoch == 5
+    second = torch.cat([t for _, t in prefetcher]).tolist()
+    assert first != second
+    assert second == list(loader.sampler)  # targets are the dataset indices here
+
+
+def test_proxies_of_a_plain_iterable_are_none() -> None:
+    prefetcher = DevicePrefetcher(uint8_batches(count=2), "cpu")
+    assert prefetcher.sampler is None and prefetcher.batch_sampler is None and prefetcher.dataset is None
+    assert len(prefetcher) == 2
+
+
+def test_iterating_twice_gives_the_same_epoch_again() -> None:
+    prefetcher = DevicePrefetcher(uint8_loader(), "cpu")
+    first = [t.tolist() for _, t in prefetcher]
+    assert first == [t.tolist() for _, t in prefetcher]
+    assert len(first) == 5
+
+
+# --- SyntheticBatches --------------------------------------------------------------------------------------------
+def test_synthetic_batches() -> None:
+    batches = SyntheticBatches(batch_size=6, image_size=12, num_classes=5, length=4, device="cpu", seed=3)
+    assert len(batches) == 4
+    out = list(batches)
+    assert len(out) == 4
+    images, targets = out[0]
+    assert images.shape == (6, 3, 12, 12) and images.dtype == torch.float32 and images.device.type == "cpu"
+    assert images.is_contiguous()
+    assert targets.shape == (6,) and targets.dtype == torch.int64
+    assert 0 <= int(targets.min()) and int(targets.max()) < 5
+    assert all(i is images and t is targets for i, t in out)  # one fixed batch: no copies
+    assert abs(float(images.mean())) < 0.2 and 0.8 < float(images.std()) < 1.2  # like normalized inputs
+    again = SyntheticBatches(6, 12, 5, 4, "cpu", seed=3)
+    assert torch.equal(again.images, images) and torch.equal(again.targets, targets)
+    assert not torch.equal(SyntheticBatches(6, 12, 5, 4, "cpu", seed=4).images, images)
+    assert len(list(SyntheticBatches(6, 12, 5, 0, "cpu"))) == 0
+
+
+def test_synthetic_batches_channels_last() -> None:
+    batches = SyntheticBatches(2, 8, 3, 1, torch.device("cpu"), channels_last=True)
+    ((images, _),) = batches
+    assert images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+
+
+# --- CUDA --------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cuda_prefetcher_matches_the_reference(channels_last: bool) -> None:
+    loader = uint8_loader(length=256, batch_size=32, pin_memory=True)
+    prefetcher = DevicePrefetcher(loader, "cuda", channels_last=channels_last)
+    assert prefetcher.is_cuda and prefetcher.stream is not None
+    expected = list(loader)
+    results = []
+    for images, targets in prefetcher:
+        assert images.device.type == "cuda" and images.dtype == torch.float32
+        assert images.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        # Work on the consumer stream while the next batch is copied and normalized on the side stream.
+        for _ in range(20):
+            images = images * 1.0
+        results.append((images.cpu(), targets.cpu()))
+    assert len(results) == len(expected)
+    for (images, targets), (raw_images, raw_targets) in zip(results, expected, strict=True):
+        torch.testing.assert_close(images, reference(raw_images), rtol=0, atol=1e-5)
+        assert torch.equal(targets, raw_targets)
+
+
+@pytest.mark.gpu
+def test_cuda_synthetic_batches() -> None:
+    batches = SyntheticBatches(4, 16, 10, 2, "cuda", channels_last=True)
+    images, targets = next(iter(batches))
+    assert images.device.type == "cuda" and targets.device.type == "cuda"
+    assert images.is_contiguous(memory_format=torch.channels_last)

@@ -1,0 +1,279 @@
+"""The profiling window on CPU: NVTX range names/nesting/order, window placement, emit_nvtx, Kineto, exit, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+import callbacks.ranges
+import shapes_dataset
+from callbacks import ProfilerWindow
+from datamodule import ImageNetDataModule
+from imagenet_module import ImageNetClassifier
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class NvtxRecorder:
+    """Stands in for the ``nvtx`` module: records push/pop calls in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str | None]] = []
+
+    def push_range(self, message=None, **_):  # noqa: ANN001
+        self.events.append(("push", message))
+
+    def pop_range(self, **_):  # noqa: ANN003
+        self.events.append(("pop", None))
+
+    def tree(self) -> list:
+        """Nested ``(name, children)`` tuples; fails on an unbalanced pop."""
+        root: list = []
+        stack = [root]
+        for kind, name in self.events:
+            if kind == "push":
+                node = (name, [])
+                stack[-1].append(node)
+                stack.append(node[1])
+            else:
+                assert len(stack) > 1, "pop without push"
+                stack.pop()
+        return root
+
+    def balanced(self) -> bool:
+        return sum(1 if k == "push" else -1 for k, _ in self.events) == 0
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> NvtxRecorder:
+    rec = NvtxRecorder()
+    monkeypatch.setattr(callbacks.ranges, "nvtx", rec)
+    monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
+    return rec
+
+
+def fit(tmp_path: Path, window: ProfilerWindow, max_steps: int = 6, accumulate: int = 1, extra=(), folder=None):  # noqa: ANN001
+    data = ImageNetDataModule(
+        root=str(folder or tmp_path),
+        source="folder" if folder else "synthetic",
+        batch_size=4,
+        workers=0,
+        crop_size=32,
+        val_resize_size=36,
+        val_crop_size=32,
+        synthetic_num_classes=10,
+        synthetic_train_steps=20,
+    )
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accumulate_grad_batches=accumulate,
+        callbacks=[window, *extra],
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(model, data)
+    return trainer
+
+
+def test_step_ranges_nest_phases_in_order_and_exit_after_the_window(tmp_path, recorder):
+    with pytest.warns(UserWarning, match="not CUDA"):
+        trainer = fit(tmp_path, ProfilerWindow(start_step=2, num_steps=2), max_steps=10)
+    assert trainer.global_step == 4  # steps 0..3 ran; exit_after stopped right after the window (steps 2, 3)
+    tree = recorder.tree()
+    assert [name for name, _ in tree] == ["step 0", "step 1", "step 2", "step 3"]
+    for name, children in tree:
+        assert [c for c, _ in children] == ["data", "forward", "backward", "optimizer"], name
+        assert all(grandchildren == [] for _, grandchildren in children)
+    assert recorder.balanced()
+
+
+def test_gradient_accumulation_counts_optimizer_steps(tmp_path, recorder):
+    trainer = fit(tmp_path, ProfilerWindow(start_step=1, num_steps=1), max_steps=10, accumulate=2)
+    assert trainer.global_step == 2
+    tree = recorder.tree()
+    assert [name for name, _ in tree] == ["step 0", "step 1"]
+    for _, children in tree:
+        names = [c for c, _ in children]
+        assert names == ["data", "forward", "backward", "data", "forward", "backward", "optimizer"]
+
+
+def test_data_range_wraps_the_real_loader_fetch(tmp_path, recorder):
+    root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=4, val_per_class=2, image_size=40)
+    trainer = fit(tmp_path, ProfilerWindow(start_step=1, num_steps=2), max_steps=10, folder=root)
+    assert trainer.global_step == 3
+    assert [[c for c, _ in children][0] for _, children in recorder.tree()] == ["data"] * 3
+
+
+def test_emit_nvtx_is_entered_and_exited_only_around_the_window(tmp_path, recorder, monkeypatch):
+    calls = []
+
+    class FakeEmit:
+        def __init__(self, record_shapes: bool = False) -> None:
+            self.record_shapes = record_shapes
+
+        def __enter__(self):
+            calls.append(("enter", id(self), step_of(), self.record_shapes))
+            return self
+
+        def __exit__(self, *exc):
+            calls.append(("exit", id(self), step_of(), self.record_shapes))
+
+    def step_of() -> str | None:
+        opened = [n for k, n in recorder.events if k == "push" and n.startswith("step")]
+        return opened[-1] if opened else None
+
+    monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", FakeEmit)
+    fit(tmp_path, ProfilerWindow(start_step=2, num_steps=3, emit_nvtx=True, record_shapes=True), max_steps=10)
+    assert [c[0] for c in calls] == ["enter", "exit"]
+    assert calls[0][1] == calls[1][1]  # the same object
+    assert calls[0][2] == "step 1" and calls[1][2] == "step 4"  # entered before step 2's range, left after step 4's
+    assert calls[0][3] is True
+
+
+def test_several_windows_without_exit(tmp_path, recorder):
+    window = ProfilerWindow(start_step=[1, 4], num_steps=1, exit_after=False, torch_profiler=True)
+    trainer = fit(tmp_path, window, max_steps=6)
+    assert trainer.global_step == 6
+    names = [Path(p).name for p in window.trace_files]
+    assert names == ["rank0_steps1-1.pt.trace.json", "rank0_steps4-4.pt.trace.json"]
+
+
+def test_kineto_trace_covers_exactly_the_window(tmp_path, recorder):
+    window = ProfilerWindow(start_step=2, num_steps=3, torch_profiler=True)
+    fit(tmp_path, window, max_steps=10)
+    (trace,) = window.trace_files
+    assert trace.parent == tmp_path / "traces" or trace.parent.name == "traces"
+    events = json.loads(trace.read_text())["traceEvents"]
+    user = [e["name"] for e in events if e.get("cat") == "user_annotation"]
+    assert [n for n in user if n.startswith("step ")] == ["step 2", "step 3", "step 4"]
+    assert user.count("forward") == user.count("backward") == user.count("optimizer") == 3
+    assert not list(trace.parent.glob(".*partial"))
+
+
+def test_window_after_the_last_step_warns(tmp_path, recorder):
+    with pytest.warns(UserWarning, match="starts after the last step"):
+        trainer = fit(tmp_path, ProfilerWindow(start_step=50), max_steps=3)
+    assert trainer.global_step == 3
+
+
+def test_nothing_captures_the_window_is_said_once(tmp_path, recorder):
+    with pytest.warns(UserWarning) as record:
+        fit(tmp_path, ProfilerWindow(start_step=[1, 3], num_steps=1), max_steps=10)
+    uncaptured = [w for w in record if "nothing records this window" in str(w.message)]
+    assert len(uncaptured) == 1
+
+
+def test_exception_inside_the_window_closes_everything(tmp_path, recorder, monkeypatch):
+    exits = []
+
+    class FakeEmit:
+        def __init__(self, record_shapes: bool = False) -> None:
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            exits.append(True)
+
+    class Boom(pl.Callback):
+        def on_before_backward(self, trainer, pl_module, loss):  # noqa: ANN001
+            if trainer.global_step == 3:
+                raise RuntimeError("boom inside the window")
+
+    monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", FakeEmit)
+    window = ProfilerWindow(start_step=2, num_steps=4, emit_nvtx=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(tmp_path, window, max_steps=10, extra=[Boom()])
+    assert recorder.balanced()  # every pushed range popped, innermost first
+    assert recorder.events[-1] == ("pop", None)
+    assert exits == [True]
+    assert window.ranges.names == []
+
+
+def test_exception_with_kineto_stops_the_profiler(tmp_path, recorder):
+    class Boom(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # noqa: ANN001
+            if trainer.global_step == 2:
+                raise RuntimeError("boom")
+
+    window = ProfilerWindow(start_step=1, num_steps=3, torch_profiler=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(tmp_path, window, max_steps=10, extra=[Boom()])
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert recorder.balanced()
+    # A fresh profiler can start: the aborted one let go of the thread.
+    with torch.profiler.profile():
+        torch.ones(1) + 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"start_step": -1}, "start_step must be"),
+        ({"start_step": 5, "num_steps": 0}, "num_steps must be >= 1"),
+        ({"start_step": [10, 15], "num_steps": 10}, "overlap"),
+        ({"start_step": 5, "emit_nvtx": True, "torch_profiler": True}, "cannot both be on"),
+        ({"emit_nvtx": True}, "need profile.start_step"),
+        ({"start_step": 1, "ranks": [-1]}, "ranks must be"),
+        ({"start_step": 1, "record_shapes": True}, "record_shapes applies"),
+    ],
+)
+def test_nonsense_is_rejected_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ProfilerWindow(**kwargs)
+
+
+def test_rank_beyond_world_size_fails_at_setup(tmp_path, recorder):
+    with pytest.raises(ValueError, match=r"valid ranks are 0\.\.0"):
+        fit(tmp_path, ProfilerWindow(start_step=1, ranks=[1]), max_steps=3)
+
+
+def test_cli_rejects_a_negative_start_before_training(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "train.py", "--config", "configs/quickstart.yaml", "--profile.start_step", "-2",
+         "--data.source", "synthetic", "--trainer.default_root_dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "profile.start_step must be" in proc.stderr
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_ranks_stop_together_and_write_one_trace_each(tmp_path):
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'tests'}{os.pathsep}{ROOT}", FINAL_STEP_DIR=str(tmp_path))
+    env.pop("CUDA_INJECTION64_PATH", None)
+    cmd = [
+        sys.executable, "train.py", "fit", "--config", "configs/quickstart.yaml",
+        "--data.source", "synthetic", "--data.synthetic_num_classes", "10", "--data.synthetic_train_steps", "30",
+        "--data.batch_size", "4", "--data.crop_size", "32", "--model.arch", "resnet18",
+        "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
+        "--trainer.max_steps", "30", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
+        "--trainer.callbacks+=profiling_helpers.FinalStepRecorder",
+        "--profile.start_step", "3", "--profile.num_steps", "2", "--profile.torch_profiler", "true",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    finals = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
+    assert finals == {0: {"global_step": 5}, 1: {"global_step": 5}}
+    traces = sorted(p.name for p in tmp_path.rglob("*.pt.trace.json"))
+    assert traces == ["rank0_steps3-4.pt.trace.json", "rank1_steps3-4.pt.trace.json"]
+    for trace in tmp_path.rglob("*.pt.trace.json"):
+        events = json.loads(trace.read_text())["traceEvents"]
+        steps = [e["name"] for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("step ")]
+        assert steps == ["step 3", "step 4"]

@@ -1,0 +1,427 @@
+"""The application through its CLI (train.main in this process, train.py in subprocesses): configs, fit, resume,
+validate/test, DDP on two CPU processes, precision."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from core_probes import LRLog
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torchvision.datasets import ImageFolder
+
+import train
+from callbacks import ProfilerWindow
+from datamodule import ImageNetDataModule
+from imagenet_module import ImageNetClassifier, lr_multiplier
+
+REPO = Path(train.__file__).resolve().parent
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+def callbacks_arg(*specs: tuple[str, dict]) -> list[str]:
+    """``--trainer.callbacks`` for the test-only callbacks of core_probes, by class name and init_args."""
+    value = [{"class_path": f"core_probes.{name}", "init_args": init} for name, init in specs]
+    return ["--trainer.callbacks", json.dumps(value)]
+
+
+def find(cli: train.ImageNetCLI, kind: type) -> object:
+    return next(c for c in cli.trainer.callbacks if isinstance(c, kind))
+
+
+def read_metrics(log_dir: str | Path) -> list[dict[str, str]]:
+    with open(Path(log_dir) / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def main() -> Iterator[Callable[[list[str]], train.ImageNetCLI]]:
+    """``train.main`` with the process arguments of ``python train.py`` (not pytest's)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", [str(REPO / "train.py")])
+        yield train.main
+
+
+# --- the subcommand default --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], ["fit"]),
+        (["--config", "a.yaml"], ["fit", "--config", "a.yaml"]),
+        (["validate", "--ckpt_path", "x"], ["validate", "--ckpt_path", "x"]),
+        (["test"], ["test"]),
+        (["--help"], ["--help"]),
+        (["-h"], ["-h"]),
+    ],
+)
+def test_fit_is_the_default_subcommand(argv: list[str], expected: list[str]) -> None:
+    assert train.with_default_subcommand(argv) == expected
+
+
+# --- every shipped config parses and instantiates ----------------------------------------------------------------
+def test_there_are_configs() -> None:
+    assert REPO / "configs" / "quickstart.yaml" in CONFIGS
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_config_instantiates(
+    config: Path, shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, main
+) -> None:
+    monkeypatch.chdir(tmp_path)  # relative paths of the config resolve (and would write) here
+    raw = yaml.safe_load(config.read_text())
+    data, model, trainer = raw.get("data") or {}, raw.get("model") or {}, raw.get("trainer") or {}
+    overrides: list[str] = []
+    if data.get("source", "folder") == "folder" and not Path(data.get("root", "data/imagenet")).is_dir():
+        overrides += ["--data.root", str(shapes_root)]
+    if not torch.cuda.is_available():
+        overrides += ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
+        if str(trainer.get("precision", "")).startswith("16"):
+            overrides += ["--trainer.precision", "bf16-mixed"]
+    overridden = {arg[2:] for arg in overrides if arg.startswith("--")}
+
+    real_cli = train.ImageNetCLI
+
+    def instantiate_only(*args: object, **kwargs: object) -> train.ImageNetCLI:
+        cli_args = kwargs.pop("args")
+        assert cli_args[0] == "fit"  # main prepends the default subcommand
+        return real_cli(*args, args=cli_args[1:], run=False, **kwargs)
+
+    monkeypatch.setattr(train, "ImageNetCLI", instantiate_only)
+    cli = main(["--config", str(config), *overrides])
+
+    assert isinstance(cli.model, ImageNetClassifier)
+    assert isinstance(cli.datamodule, ImageNetDataModule)
+    for key, value in model.items():
+        assert cli.model.hparams[key] == value, f"model.{key}"
+    for key, value in data.items():
+        if f"data.{key}" not in overridden:
+            assert cli.datamodule.hparams[key] == value, f"data.{key}"
+    if "max_epochs" in trainer:
+        assert cli.trainer.max_epochs == trainer["max_epochs"]
+    # The links of ImageNetCLI.
+    assert cli.model.hparams.num_classes == cli.datamodule.num_classes
+    assert cli.model.hparams.batch_size == cli.datamodule.batch_size
+    assert cli.datamodule.channels_last == cli.model.hparams.channels_last
+    checkpoints = [c for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint)]
+    assert (checkpoints[0].monitor, checkpoints[0].mode) == ("val_acc1", "max")
+    assert any(c.save_last or c.filename == "last" for c in checkpoints)  # a last.ckpt to resume from
+    assert any(isinstance(c, ProfilerWindow) for c in cli.trainer.callbacks)
+
+
+# --- a short fit that learns, and evaluation of its checkpoint ---------------------------------------------------
+@pytest.fixture(scope="module")
+def trained(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory, tiny_args, main) -> dict:
+    """resnet18 trained 4 epochs (60 steps) on the 240 training images; its results and checkpoint."""
+    run = tmp_path_factory.mktemp("trained")
+    args = tiny_args(
+        shapes_root,
+        run,
+        data__batch_size=16,
+        model__lr=0.05,
+        model__warmup_epochs=1,
+        model__weight_decay=5e-5,
+        model__lr_milestones="[3]",
+        trainer__max_epochs=4,
+        trainer__log_every_n_steps=2,
+    )
+    cli = main(["fit", *args, *callbacks_arg(("SeenData", {"out_dir": str(run / "seen")}))])
+    return {
+        "run": run,
+        "log_dir": Path(cli.trainer.logger.log_dir),
+        "metrics": {k: float(v) for k, v in cli.trainer.callback_metrics.items()},
+        "global_step": cli.trainer.global_step,
+        "last": Path(cli.trainer.logger.log_dir) / "checkpoints" / "last.ckpt",
+        "args": args,
+    }
+
+
+def test_fit_learns_and_logs_csv(trained: dict) -> None:
+    assert trained["global_step"] == 4 * 240 // 16
+    rows = read_metrics(trained["log_dir"])
+    assert {"train_loss", "train_acc1", "val_acc1", "val_acc5", "val_loss", "train_loss_epoch"} <= set(rows[0])
+    train_loss = [float(r["train_loss"]) for r in rows if r["train_loss"]]
+    val_acc1 = [float(r["val_acc1"]) for r in rows if r["val_acc1"]]
+    assert len(train_loss) >= 20 and len(val_acc1) == 4  # every 2 steps; every epoch
+    first, last = sum(train_loss[:4]) / 4, sum(train_loss[-4:]) / 4
+    assert last < 0.6 * first, train_loss
+    assert train_loss[0] == pytest.approx(math.log(10), rel=0.4)  # about chance level at the start
+    assert val_acc1[-1] >= 0.5  # 10 classes: chance is 0.1
+    assert trained["metrics"]["val_acc1"] == pytest.approx(val_acc1[-1])
+    assert (trained["log_dir"] / "config.yaml").is_file()
+    assert trained["last"].name == "last.ckpt" and trained["last"].is_file()
+    assert list((trained["log_dir"] / "checkpoints").glob("best-epoch*-acc1*.ckpt"))
+
+
+def test_training_order_changes_every_epoch(trained: dict) -> None:
+    seen = json.loads((trained["run"] / "seen" / "train_rank0.json").read_text())
+    epochs = seen["epoch_indices"]
+    assert len(epochs) == 4
+    for indices in epochs:
+        assert sorted(indices) == list(range(240))
+    assert len({tuple(indices) for indices in epochs}) == 4
+    val = json.loads((trained["run"] / "seen" / "val_rank0.json").read_text())
+    assert val["indices"] == list(range(60)) and len(val["targets"]) == 60
+
+
+def test_validate_and_test_a_checkpoint(trained: dict, shapes_root: Path, tmp_path: Path, main) -> None:
+    # The fit's validation of the epoch the checkpoint was written at: the same weights on the same data.
+    epoch = torch.load(trained["last"], map_location="cpu", weights_only=True)["epoch"]
+    (fit_row,) = [r for r in read_metrics(trained["log_dir"]) if r["val_acc1"] and int(r["epoch"]) == epoch]
+    args = [*trained["args"], "--trainer.default_root_dir", str(tmp_path)]
+    args += ["--trainer.logger.init_args.save_dir", str(tmp_path)]
+    validated = main(["validate", *args, "--ckpt_path", str(trained["last"])])
+    metrics = validated.trainer.callback_metrics
+    assert float(metrics["val_acc1"]) == pytest.approx(float(fit_row["val_acc1"]))
+    assert float(metrics["val_acc5"]) == pytest.approx(float(fit_row["val_acc5"]))
+    assert float(metrics["val_loss"]) == pytest.approx(float(fit_row["val_loss"]), rel=1e-4)
+    assert float(metrics["val_acc1"]) >= 0.5
+    assert validated.trainer.global_step == 0  # nothing was trained
+    tested = main(["test", *args, "--ckpt_path", str(trained["last"])])
+    metrics = tested.trainer.callback_metrics
+    assert float(metrics["test_acc1"]) == pytest.approx(float(fit_row["val_acc1"]))
+    assert float(metrics["test_acc5"]) == pytest.approx(float(fit_row["val_acc5"]))
+
+
+def test_validate_without_checkpoint_is_chance(trained: dict, tmp_path: Path, main) -> None:
+    # Counterpart of the test above: an untrained net is far from the trained checkpoint.
+    args = [*trained["args"], "--trainer.default_root_dir", str(tmp_path)]
+    cli = main(["validate", *args, "--trainer.logger.init_args.save_dir", str(tmp_path)])
+    assert float(cli.trainer.callback_metrics["val_acc1"]) < 0.3
+
+
+# --- resume ------------------------------------------------------------------------------------------------------
+def last_ckpt(cli: train.ImageNetCLI) -> Path:
+    return Path(cli.trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
+
+
+def test_resume_continues_step_epoch_and_lr_schedule(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
+    spe = 3
+
+    def fit(run: str, epochs: int, *extra: str) -> tuple[train.ImageNetCLI, LRLog]:
+        args = tiny_args(
+            shapes_root,
+            tmp_path / run,
+            data__batch_size=8,
+            trainer__limit_train_batches=spe,
+            trainer__limit_val_batches=1,
+            trainer__max_epochs=epochs,
+            model__warmup_epochs=1,
+            model__lr_milestones="[2]",
+            # Without a monitor every epoch saves, so last.ckpt is the end of the run whatever val_acc1 does (with
+            # one, Lightning 2.6 updates last.ckpt only with a new best: see test_last_ckpt_is_the_latest_state).
+            checkpoint__monitor="null",
+        )
+        cli = main(["fit", *args, *callbacks_arg(("LRLog", {})), *extra])
+        return cli, find(cli, LRLog)
+
+    _, whole = fit("whole", 3)
+    first_cli, first = fit("first", 2)
+    last = last_ckpt(first_cli)
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 2 * spe
+    assert first_cli.trainer.global_step == 2 * spe
+    resumed_cli, resumed = fit("resumed", 3, "--ckpt_path", str(last))
+
+    base = 0.1 * 8 / 256
+    expected = [base * lr_multiplier(s, spe, 1, "step", [2], 0.1, 3) for s in range(3 * spe)]
+    assert [whole.lr[s] for s in range(3 * spe)] == pytest.approx(expected)
+    assert expected[2 * spe] == pytest.approx(base * 0.1)
+    assert first.lr == pytest.approx({s: whole.lr[s] for s in range(2 * spe)})
+    # The resumed run starts at the step and epoch where the first stopped, on the uninterrupted schedule.
+    assert sorted(resumed.lr) == list(range(2 * spe, 3 * spe))
+    assert set(resumed.epoch.values()) == {2}
+    assert resumed.lr == pytest.approx({s: whole.lr[s] for s in range(2 * spe, 3 * spe)})
+    assert resumed_cli.trainer.global_step == 3 * spe
+    assert resumed_cli.trainer.current_epoch == 3
+
+
+def test_last_ckpt_is_the_latest_state(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
+    # Monitoring the epoch with mode min: only epoch 0 is ever a "best"; the metric must not matter for last.ckpt.
+    args = tiny_args(
+        shapes_root,
+        tmp_path,
+        data__batch_size=8,
+        trainer__limit_train_batches=2,
+        trainer__limit_val_batches=1,
+        trainer__max_epochs=2,
+        checkpoint__monitor="epoch",
+        checkpoint__mode="min",
+    )
+    cli = main(["fit", *args])
+    assert cli.trainer.global_step == 4
+    state = torch.load(last_ckpt(cli), map_location="cpu", weights_only=True)
+    assert (state["global_step"], state["epoch"]) == (4, 1)
+
+
+def test_rerun_in_the_same_run_folder(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
+    args = tiny_args(
+        shapes_root,
+        tmp_path,
+        data__batch_size=8,
+        trainer__max_steps=1,
+        trainer__limit_val_batches=1,
+        trainer__logger__init_args__version="fixed",
+    )
+    for _ in range(2):
+        cli = main(["fit", *args])
+        assert cli.trainer.global_step == 1
+    log_dir = tmp_path / "logs" / "fixed"
+    assert Path(cli.trainer.logger.log_dir) == log_dir
+    assert (log_dir / "config.yaml").is_file()
+    assert (log_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+# --- precision ---------------------------------------------------------------------------------------------------
+#: bf16 convolutions are slow on CPUs without native bf16: small batches of small crops.
+SMALL = {"data__batch_size": 2, "data__crop_size": 16, "data__val_resize_size": 16, "data__val_crop_size": 16}
+
+
+def test_fp16_mixed_on_cpu_says_it_runs_bf16(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
+    # Lightning 2.6 no longer refuses fp16 AMP on the CPU: it warns, naming both, and runs bf16-mixed instead.
+    args = tiny_args(shapes_root, tmp_path, **SMALL, trainer__precision="16-mixed", trainer__max_steps=1)
+    with pytest.warns(UserWarning, match=r"precision='16-mixed'.*fp16 is not supported on CPU.*bf16-mixed"):
+        cli = main(["fit", *args, "--trainer.limit_val_batches", "0"])
+    assert cli.trainer.precision == "bf16-mixed"
+    assert cli.trainer.global_step == 1
+
+
+def test_bf16_mixed_runs_on_cpu(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
+    cli = main(
+        [
+            "fit",
+            *tiny_args(
+                shapes_root,
+                tmp_path,
+                **SMALL,
+                trainer__precision="bf16-mixed",
+                trainer__max_epochs=1,
+                trainer__limit_train_batches=2,
+                trainer__limit_val_batches=1,
+            ),
+        ]
+    )
+    assert cli.trainer.global_step == 2
+    assert cli.trainer.precision == "bf16-mixed"
+    assert math.isfinite(float(cli.trainer.callback_metrics["val_loss"]))
+    assert cli.model.model.fc.weight.dtype == torch.float32  # mixed: the weights stay float32
+
+
+# --- two CPU processes -------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_ddp_two_cpu_processes(trained: dict, shapes_root: Path, tmp_path: Path, run_train, main) -> None:
+    config = tmp_path / "ddp.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data": {
+                    "root": str(shapes_root),
+                    "workers": 0,
+                    "batch_size": 16,
+                    "crop_size": 32,
+                    "val_resize_size": 36,
+                    "val_crop_size": 32,
+                },
+                "model": {"arch": "resnet18"},
+                "trainer": {
+                    "max_epochs": 1,
+                    "limit_train_batches": 2,
+                    "num_sanity_val_steps": 0,
+                    "enable_progress_bar": False,
+                    "enable_model_summary": False,
+                    "default_root_dir": str(tmp_path / "run"),
+                    "logger": {"init_args": {"save_dir": str(tmp_path / "run"), "name": "logs"}},
+                },
+            }
+        )
+    )
+    ddp = [
+        "--config",
+        str(config),
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        "ddp",
+    ]
+
+    fit = run_train(["fit", *ddp, *callbacks_arg(("SeenData", {"out_dir": str(tmp_path / "fit")}))], cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-4000:]
+    train_set = ImageFolder(str(shapes_root / "train"))
+    val_set = ImageFolder(str(shapes_root / "val"))
+    for stage, dataset, per_rank in (("train", train_set, 120), ("val", val_set, 30)):
+        ranks = [json.loads((tmp_path / "fit" / f"{stage}_rank{r}.json").read_text()) for r in range(2)]
+        assert [r["world_size"] for r in ranks] == [2, 2]
+        assert [len(r["indices"]) for r in ranks] == [per_rank, per_rank]
+        assert not set(ranks[0]["indices"]) & set(ranks[1]["indices"]), stage
+        assert sorted(ranks[0]["indices"] + ranks[1]["indices"]) == list(range(len(dataset)))
+        for r in ranks:  # the batches followed the rank's shard
+            assert r["targets"] == [dataset.targets[i] for i in r["indices"]][: len(r["targets"])]
+    assert [len(json.loads((tmp_path / "fit" / f"train_rank{r}.json").read_text())["targets"]) for r in (0, 1)] == [
+        32,
+        32,
+    ]
+    assert list((tmp_path / "run" / "logs").rglob("last.ckpt"))
+
+    # One fixed checkpoint, validated by two processes and by one: the val shards do not pad, so the metrics agree.
+    out = tmp_path / "validate"
+    checked = run_train(
+        ["validate", *ddp, "--ckpt_path", str(trained["last"]), *callbacks_arg(("SeenData", {"out_dir": str(out)}))],
+        cwd=tmp_path,
+    )
+    assert checked.returncode == 0, checked.stderr[-4000:]
+    two = json.loads((out / "val_metrics.json").read_text())
+    assert sum(len(json.loads((out / f"val_rank{r}.json").read_text())["targets"]) for r in (0, 1)) == 60
+    one = main(
+        [
+            "validate",
+            "--config",
+            str(config),
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.devices",
+            "1",
+            "--ckpt_path",
+            str(trained["last"]),
+        ]
+    ).trainer.callback_metrics
+    assert two["val_acc1"] == pytest.approx(float(one["val_acc1"]), abs=1e-6)
+    assert two["val_acc5"] == pytest.approx(float(one["val_acc5"]), abs=1e-6)
+    assert two["val_loss"] == pytest.approx(float(one["val_loss"]), rel=1e-5)
+    assert two["val_acc1"] == pytest.approx(trained["metrics"]["val_acc1"], abs=1e-6)
+
+
+# --- GPU (python -m pytest -m gpu) -------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_fit_fp16_channels_last_with_workers(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
+    """The CUDA path end to end: pinned uint8 batches from worker processes, side-stream prefetch, fp16 AMP."""
+    args = tiny_args(
+        shapes_root,
+        tmp_path,
+        trainer__accelerator="gpu",
+        trainer__precision="16-mixed",
+        trainer__max_epochs=2,
+        trainer__limit_train_batches=4,
+        trainer__limit_val_batches=2,
+        model__channels_last="true",
+        data__workers=2,
+    )
+    cli = main(["fit", *args, *callbacks_arg(("LRLog", {}))])
+    assert cli.trainer.global_step == 8
+    assert cli.trainer.precision == "16-mixed"
+    assert cli.trainer.strategy.root_device.type == "cuda"
+    assert math.isfinite(float(cli.trainer.callback_metrics["val_loss"]))
+    assert cli.datamodule.channels_last
+    loader = cli.trainer.train_dataloader
+    assert loader.is_cuda and loader.loader.pin_memory
+    images, targets = next(iter(loader))
+    assert images.device.type == "cuda" and images.dtype == torch.float32
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert targets.device.type == "cuda"
+    assert sorted(find(cli, LRLog).lr) == list(range(8))
