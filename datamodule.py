@@ -19,11 +19,13 @@ import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.seed import pl_worker_init_function
 from PIL import Image
+from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchvision import datasets, transforms
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 import shapes_dataset
+from gpu_decode import EncodedSampleLoader, decode_crop_resize, encoded_collate
 from prefetcher import IMAGENET_MEAN_255, IMAGENET_STD_255, DevicePrefetcher, SyntheticBatches
 
 try:  # Lightning marks hook overrides with typing_extensions' decorator; fall back for older Pythons
@@ -160,6 +162,9 @@ class ImageNetDataModule(pl.LightningDataModule):
         synthetic_num_classes: Number of classes with ``source: synthetic``.
         synthetic_train_steps: Batches per training epoch with ``source: synthetic``.
         synthetic_val_steps: Batches per validation run with ``source: synthetic``.
+        decode: Where JPEGs are decoded: ``cpu`` (PIL in the workers) or ``gpu`` (the workers only read files and
+            draw the crop; nvJPEG decodes and the GPU crops, resizes and flips on the prefetcher's side stream;
+            see gpu_decode.py). ``gpu`` on a CPU-only run falls back to ``cpu`` with a warning.
         seed: Seed of the training-order shuffle (epoch-dependent through ``set_epoch``) and of the generated data.
     """
 
@@ -178,6 +183,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         synthetic_num_classes: int = 1000,
         synthetic_train_steps: int = 100,
         synthetic_val_steps: int = 10,
+        decode: Literal["cpu", "gpu"] = "cpu",
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -205,6 +211,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.workers = workers
         self.channels_last = channels_last
+        self.gpu_decode = False  # decided in setup, once the device is known
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self._classes: list[str] | None = None
@@ -247,6 +254,18 @@ class ImageNetDataModule(pl.LightningDataModule):
             raise ValueError(f"data.root: the class folders of {self.root} changed since the model was built")
         self._classes = classes
         h = self.hparams
+        self.gpu_decode = h.decode == "gpu" and self._device().type == "cuda"
+        if h.decode == "gpu" and not self.gpu_decode:
+            rank_zero_warn(
+                f"data.decode: gpu needs a CUDA device, this run is on {self._device().type}; decoding with PIL"
+            )
+        if self.gpu_decode:
+            if stage == "fit":
+                train_loader = EncodedSampleLoader(True, h.crop_size, h.min_crop_scale, h.val_resize_size, load_rgb)
+                self.train_set = self._image_folder("train", None, train_loader)
+            val_loader = EncodedSampleLoader(False, h.val_crop_size, h.min_crop_scale, h.val_resize_size, load_rgb)
+            self.val_set = self._image_folder("val", None, val_loader)
+            return
         normalize_free_train = transforms.Compose(
             [
                 transforms.RandomResizedCrop(h.crop_size, scale=(h.min_crop_scale, 1.0)),
@@ -260,10 +279,10 @@ class ImageNetDataModule(pl.LightningDataModule):
             self.train_set = self._image_folder("train", normalize_free_train)
         self.val_set = self._image_folder("val", normalize_free_val)
 
-    def _image_folder(self, split: str, transform: Any) -> datasets.ImageFolder:
+    def _image_folder(self, split: str, transform: Any, loader: Any = load_rgb) -> datasets.ImageFolder:
         folder = self.root / split
         try:
-            return _ImageFolder(str(folder), transform=transform, loader=load_rgb)
+            return _ImageFolder(str(folder), transform=transform, loader=loader)
         except FileNotFoundError as error:
             # torchvision's message names the class but not the fix.
             raise FileNotFoundError(
@@ -282,7 +301,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         sampler = DistributedSampler(
             self.train_set, num_replicas=world, rank=rank, shuffle=True, seed=self.hparams.seed, drop_last=True
         )
-        return self._wrap(self._loader(self.train_set, sampler, drop_last=True))
+        return self._wrap(self._loader(self.train_set, sampler, drop_last=True), self.hparams.crop_size)
 
     @override
     def val_dataloader(self) -> Any:
@@ -290,7 +309,8 @@ class ImageNetDataModule(pl.LightningDataModule):
             return self._synthetic(self.hparams.synthetic_val_steps, seed=self.hparams.seed + 1)
         assert self.val_set is not None, "setup() must run first"
         world, rank = self._world()
-        return self._wrap(self._loader(self.val_set, ShardSampler(len(self.val_set), world, rank), drop_last=False))
+        loader = self._loader(self.val_set, ShardSampler(len(self.val_set), world, rank), drop_last=False)
+        return self._wrap(loader, self.hparams.val_crop_size)
 
     @override
     def test_dataloader(self) -> Any:
@@ -326,7 +346,7 @@ class ImageNetDataModule(pl.LightningDataModule):
             batch_size=self.batch_size,
             sampler=sampler,
             num_workers=workers,
-            collate_fn=fast_collate,
+            collate_fn=encoded_collate if self.gpu_decode else fast_collate,
             pin_memory=self._device().type == "cuda",
             drop_last=drop_last,
             persistent_workers=workers > 0,
@@ -334,8 +354,11 @@ class ImageNetDataModule(pl.LightningDataModule):
             worker_init_fn=worker_init_fn,
         )
 
-    def _wrap(self, loader: DataLoader) -> DevicePrefetcher:
-        return DevicePrefetcher(loader, self._device(), IMAGENET_MEAN_255, IMAGENET_STD_255, self.channels_last)
+    def _wrap(self, loader: DataLoader, size: int) -> DevicePrefetcher:
+        decoder = partial(decode_crop_resize, size=size) if self.gpu_decode else None
+        return DevicePrefetcher(
+            loader, self._device(), IMAGENET_MEAN_255, IMAGENET_STD_255, self.channels_last, decoder=decoder
+        )
 
     def _synthetic(self, length: int, seed: int) -> SyntheticBatches:
         h = self.hparams

@@ -108,7 +108,7 @@ def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[list[Encoded]
     return [sample for sample, _ in batch], torch.tensor([target for _, target in batch], dtype=torch.int64)
 
 
-def decode_crop_resize(samples: list[Encoded], size: int, device: torch.device) -> torch.Tensor:
+def decode_crop_resize(samples: list[Encoded], device: torch.device, size: int) -> torch.Tensor:
     """Decodes, crops, resizes and flips a batch on ``device``; returns float32 ``(N, 3, size, size)`` on 0..255.
 
     Must run on the stream the result is wanted on (the prefetcher's side stream).

@@ -16,7 +16,9 @@ loader it wraps: it calls ``set_epoch`` on the ``DistributedSampler`` through it
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -55,8 +57,10 @@ class DevicePrefetcher:
         mean: Sequence[float] = IMAGENET_MEAN_255,
         std: Sequence[float] = IMAGENET_STD_255,
         channels_last: bool = False,
+        decoder: Callable[[Any, torch.device], torch.Tensor] | None = None,
     ) -> None:
         self.loader = loader
+        self.decoder = decoder
         self.device = torch.device(device)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.mean = torch.tensor(mean, device=self.device, dtype=torch.float32).view(1, -1, 1, 1)
@@ -83,9 +87,12 @@ class DevicePrefetcher:
         return len(self.loader)  # type: ignore[arg-type]
 
     # --- iteration ------------------------------------------------------------------------------------
-    def _to_device(self, batch: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _to_device(self, batch: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         images, targets = batch[0], batch[1]
-        images = images.to(self.device, non_blocking=True)
+        if self.decoder is not None:
+            images = self.decoder(images, self.device)  # float32 on the 0..255 scale, already on the device
+        else:
+            images = images.to(self.device, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
         return normalize(images, self.mean, self.std, self.memory_format), targets
 
@@ -93,6 +100,9 @@ class DevicePrefetcher:
         if not self.is_cuda:
             for batch in self.loader:
                 yield self._to_device(batch)
+            return
+        if self.decoder is not None:
+            yield from self._threaded()
             return
         assert self.stream is not None
         iterator = iter(self.loader)
@@ -115,6 +125,65 @@ class DevicePrefetcher:
             return None
         with torch.cuda.stream(self.stream):
             return self._to_device(batch)
+
+    def _threaded(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Decodes on a producer thread: the decoder's host work (file bytes to nvJPEG, one launch per crop) then
+        runs beside the training loop's own launches instead of in front of them; both release the GIL in C++."""
+        assert self.stream is not None
+        handoff: queue.Queue = queue.Queue(maxsize=1)
+        stop = threading.Event()
+
+        def put(item: Any) -> None:
+            while not stop.is_set():
+                try:
+                    handoff.put(item, timeout=0.05)
+                    return
+                except queue.Full:
+                    continue
+
+        def produce() -> None:
+            try:
+                with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+                    for batch in self.loader:
+                        if stop.is_set():
+                            break
+                        images, targets = self._to_device(batch)
+                        ready = torch.cuda.Event()
+                        ready.record(self.stream)
+                        put((images, targets, ready))
+            except BaseException as error:  # handed to the consumer, raised there with its traceback
+                put(_Failure(error))
+            put(_END)
+
+        producer = threading.Thread(target=produce, name="DevicePrefetcher", daemon=True)
+        producer.start()
+        try:
+            while True:
+                item = handoff.get()
+                if item is _END:
+                    return
+                if isinstance(item, _Failure):
+                    raise item.error
+                images, targets, ready = item
+                consumer = torch.cuda.current_stream(self.device)
+                consumer.wait_event(ready)
+                images.record_stream(consumer)
+                targets.record_stream(consumer)
+                del item
+                yield images, targets
+        finally:
+            # Also when the consumer stops early (exit after a profiling window): the producer must be done with
+            # the loader's iterator before the next epoch asks the loader for a new one.
+            stop.set()
+            producer.join()
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()
 
 
 class SyntheticBatches:

@@ -12,7 +12,8 @@ Variants:
     app_synthetic  the app (ImageNetClassifier + ImageNetDataModule(source=synthetic) + Trainer), same config
     app_nvtx       as app_synthetic with the profiling callback on and its window past the end: the cost of the
                    NVTX step/phase ranges outside the window
-    app_folder     the app on a JPEG folder (--data), through the worker + prefetcher input path
+    app_folder     the app on a JPEG folder (--data): PIL decode + crop in the workers, the prefetcher's copy
+    app_folder_gpu the app on the same folder with data.decode=gpu: nvJPEG decode + crop/resize/flip on the GPU
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 """
@@ -92,7 +93,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
                 torch.cuda.synchronize()
                 self.t1 = time.perf_counter()
 
-    folder = variant == "app_folder"
+    folder = variant.startswith("app_folder")
     data = ImageNetDataModule(
         root=a.data or "unused",
         source="folder" if folder else "synthetic",
@@ -101,6 +102,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         channels_last=a.channels_last,
         synthetic_num_classes=1000,
         synthetic_train_steps=a.warmup + a.steps + 5,
+        decode="gpu" if variant == "app_folder_gpu" else "cpu",
     )
     model = ImageNetClassifier(
         arch=a.arch,
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     rows = []
     for variant in a.variants.split(","):
-        if variant == "app_folder" and not a.data:
+        if variant.startswith("app_folder") and not a.data:
             sys.exit("app_folder needs --data PATH (an ImageNet-layout JPEG folder: bench/make_jpeg_folder.py)")
         cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", variant]
         proc = subprocess.run(cmd, capture_output=True, text=True)

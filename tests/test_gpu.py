@@ -162,3 +162,37 @@ def test_fast_collate_batches_pin_and_normalize_on_gpu():
     std = torch.tensor(IMAGENET_STD_255).view(1, 3, 1, 1)
     assert torch.equal(x.cpu(), (batch[0].float() - mean) / std)
     assert y.tolist() == [0, 1, 2, 3]
+
+
+def test_gpu_decode_matches_cpu_decode(tmp_path: Path):
+    from datamodule import load_rgb
+    from gpu_decode import EncodedSampleLoader, decode_crop_resize
+
+    root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=2, val_per_class=1, image_size=120)
+    val = EncodedSampleLoader(False, 96, 0.08, 110, load_rgb)
+    samples = [val(str(p)) for p in sorted(root.glob("train/*/*.JPEG"))]
+    on_gpu = decode_crop_resize(samples, torch.device("cuda"), 96)
+    on_cpu = decode_crop_resize(samples, torch.device("cpu"), 96)
+    assert on_gpu.device.type == "cuda" and on_gpu.shape == on_cpu.shape == (len(samples), 3, 96, 96)
+    # nvJPEG's and libjpeg-turbo's IDCT and chroma upsampling differ by a few levels at most, on average far less.
+    assert (on_gpu.cpu() - on_cpu).abs().mean() < 2.0
+
+
+def test_gpu_decode_trains_with_files_nvjpeg_should_not_get(tmp_path: Path):
+    from PIL import Image
+
+    root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=12, val_per_class=3, image_size=96)
+    first_class = sorted((root / "train").iterdir())[0]
+    Image.new("RGB", (90, 70), (200, 30, 30)).convert("CMYK").save(first_class / "cmyk.JPEG", quality=90)
+    Image.new("RGB", (90, 70), (30, 200, 30)).save(first_class / "png_named.JPEG", format="PNG")
+    data = ImageNetDataModule(
+        root=str(root), batch_size=16, workers=2, crop_size=64, val_resize_size=73, val_crop_size=64,
+        channels_last=True, decode="gpu",
+    )  # fmt: skip
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=16, channels_last=True)
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(model, data)
+    assert data.gpu_decode
+    assert trainer.global_step == 2 * (122 // 16)
+    assert 0.0 <= trainer.callback_metrics["val_acc1"].item() <= 1.0
