@@ -22,6 +22,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 import torchvision
+from pytorch_lightning.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -192,7 +193,8 @@ class ImageNetClassifier(pl.LightningModule):
         # into the state_dict twice, under a second prefix.
         self.__dict__["_compiled"] = None
         # Running sums of the current log interval, kept on the device: [loss * n, correct top-1, n].
-        self._interval = torch.zeros(3)
+        self._interval = torch.zeros(4)
+        self._job_start: tuple[float, int] | None = None  # (time, step) where the job's speed is counted from
         self._interval_start: float | None = None
         self._interval_step = 0
         self._last_global_step = -1
@@ -253,13 +255,15 @@ class ImageNetClassifier(pl.LightningModule):
         with torch.no_grad():
             detached = loss.detach()
             n = targets.numel()
-            correct = (logits.argmax(dim=1) == targets).sum()
+            top = logits.topk(min(5, logits.shape[1]), dim=1).indices == targets[:, None]
+            correct, correct5 = top[:, 0].sum(), top.any(dim=1).sum()
             if self._interval.device != detached.device:
                 self._interval = self._interval.to(detached.device)
             # Python scalars travel as kernel arguments: no host-to-device copy, no sync.
             self._interval[0] += detached * n
             self._interval[1] += correct
-            self._interval[2] += n
+            self._interval[2] += correct5
+            self._interval[3] += n
             # The batch mean repeated n times (a broadcast view, no copy) weighs the batch by its size. No weight
             # argument: with nan_strategy="disable" torchmetrics replaces any weight by ones, and a Python weight would
             # be a blocking host-to-device copy.
@@ -274,6 +278,7 @@ class ImageNetClassifier(pl.LightningModule):
         self._last_global_step = step
         if self._interval_start is None:
             self._interval_start, self._interval_step = time.perf_counter(), step
+            self._job_start = (self._interval_start, step)
             self._interval.zero_()
             return
         # The same condition on every rank at the same step: Lightning writes step metrics on exactly these steps.
@@ -282,18 +287,28 @@ class ImageNetClassifier(pl.LightningModule):
         totals = self._interval.clone()
         if self.trainer.world_size > 1:
             totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
-        loss_sum, correct, count = totals.tolist()  # the interval's one host sync
+        loss_sum, correct, correct5, count = totals.tolist()  # the interval's one host sync
         now = time.perf_counter()
-        steps = step - self._interval_step
-        images = steps * self.global_batch_size()
+        batch = self.global_batch_size()
+        interval_time = (now - self._interval_start) / max(step - self._interval_step, 1)
+        assert self._job_start is not None
+        job_time = (now - self._job_start[0]) / max(step - self._job_start[1], 1)
+        count = max(count, 1)
         self.log_dict(
             {
-                "train_loss": loss_sum / max(count, 1),
-                "train_acc1": correct / max(count, 1),
-                "train_img_s": images / (now - self._interval_start),
+                "train_loss": loss_sum / count,
+                "train_acc1": correct / count,
+                "train_acc5": correct5 / count,
+                "train_img_s": batch / interval_time,
             },
             on_step=True,
             on_epoch=False,
+        )
+        # The original's print_freq line (apex main_amp.py), reduced over all ranks, printed by rank 0.
+        rank_zero_info(
+            f"Epoch: [{self.current_epoch}][{batch_idx + 1}/{self.trainer.num_training_batches}]\t"
+            f"Time {interval_time:.3f} ({job_time:.3f})\tSpeed {batch / interval_time:.3f} ({batch / job_time:.3f})\t"
+            f"Loss {loss_sum / count:.4f}\tPrec@1 {100 * correct / count:.3f}\tPrec@5 {100 * correct5 / count:.3f}"
         )
         self._interval.zero_()
         self._interval_start, self._interval_step = now, step
