@@ -18,14 +18,22 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.seed import pl_worker_init_function
-from PIL import Image
 from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchvision import datasets, transforms
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 import shapes_dataset
+from callbacks.preemption import WorkerSignalShield
 from gpu_decode import EncodedSampleLoader, decode_crop_resize, encoded_collate
+from image_loading import (  # noqa: F401 (load_rgb: datamodule.load_rgb before image_loading.py, re-exported)
+    BadImageCollate,
+    BadImageCounter,
+    BadImagePolicy,
+    ImageLoader,
+    load_rgb,
+    min_decode_side,
+)
 from prefetcher import IMAGENET_MEAN_255, IMAGENET_STD_255, DevicePrefetcher, SyntheticBatches
 
 try:  # Lightning marks hook overrides with typing_extensions' decorator; fall back for older Pythons
@@ -59,16 +67,6 @@ def fast_collate(batch: Sequence[tuple[Any, int]]) -> tuple[torch.Tensor, torch.
         # HWC -> CHW; a single gray channel (2-D array) broadcasts over the three.
         out[i] = array if array.ndim == 2 else array[:, :, :3].transpose(2, 0, 1)
     return images, targets
-
-
-def load_rgb(path: str) -> Image.Image:
-    """Opens an image file as RGB, honouring its EXIF orientation."""
-    from PIL import ImageOps
-
-    with open(path, "rb") as f:
-        image = Image.open(f)
-        image = ImageOps.exif_transpose(image)
-        return image.convert("RGB")
 
 
 class ShardSampler(Sampler[int]):
@@ -165,6 +163,9 @@ class ImageNetDataModule(pl.LightningDataModule):
         decode: Where JPEGs are decoded: ``cpu`` (PIL in the workers) or ``gpu`` (the workers only read files and
             draw the crop; nvJPEG decodes and the GPU crops, resizes and flips on the prefetcher's side stream;
             see gpu_decode.py). ``gpu`` on a CPU-only run falls back to ``cpu`` with a warning.
+        on_bad_image: An image file that cannot be decoded (truncated, empty, not an image, unreadable): ``error``
+            stops the run with a message naming the file; ``skip`` replaces the sample with the next image that
+            loads, warns once per file and counts them (logged per epoch as ``train_bad_images``/``val_bad_images``).
         seed: Seed of the training-order shuffle (epoch-dependent through ``set_epoch``) and of the generated data.
     """
 
@@ -184,6 +185,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         synthetic_train_steps: int = 100,
         synthetic_val_steps: int = 10,
         decode: Literal["cpu", "gpu"] = "cpu",
+        on_bad_image: Literal["error", "skip"] = "error",
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -205,6 +207,8 @@ class ImageNetDataModule(pl.LightningDataModule):
             raise ValueError(f"data.min_crop_scale must be in (0, 1], got {min_crop_scale}")
         if min(synthetic_num_classes, synthetic_train_steps, synthetic_val_steps, prefetch_factor) < 1:
             raise ValueError("data.synthetic_* and data.prefetch_factor must be >= 1")
+        if on_bad_image not in ("error", "skip"):
+            raise ValueError(f"data.on_bad_image must be 'error' or 'skip', got {on_bad_image!r}")
         self.save_hyperparameters()
         self.root = Path(root)
         self.source = source
@@ -259,11 +263,13 @@ class ImageNetDataModule(pl.LightningDataModule):
             rank_zero_warn(
                 f"data.decode: gpu needs a CUDA device, this run is on {self._device().type}; decoding with PIL"
             )
+        # JPEGs at least twice as large as any crop needs are decoded at a reduced size that loses nothing.
+        pil_loader = ImageLoader(draft_min_side=min_decode_side(h.crop_size, h.min_crop_scale, h.val_resize_size))
         if self.gpu_decode:
             if stage == "fit":
-                train_loader = EncodedSampleLoader(True, h.crop_size, h.min_crop_scale, h.val_resize_size, load_rgb)
+                train_loader = EncodedSampleLoader(True, h.crop_size, h.min_crop_scale, h.val_resize_size, pil_loader)
                 self.train_set = self._image_folder("train", None, train_loader)
-            val_loader = EncodedSampleLoader(False, h.val_crop_size, h.min_crop_scale, h.val_resize_size, load_rgb)
+            val_loader = EncodedSampleLoader(False, h.val_crop_size, h.min_crop_scale, h.val_resize_size, pil_loader)
             self.val_set = self._image_folder("val", None, val_loader)
             return
         normalize_free_train = transforms.Compose(
@@ -276,19 +282,20 @@ class ImageNetDataModule(pl.LightningDataModule):
             [transforms.Resize(h.val_resize_size), transforms.CenterCrop(h.val_crop_size)]
         )
         if stage == "fit":
-            self.train_set = self._image_folder("train", normalize_free_train)
-        self.val_set = self._image_folder("val", normalize_free_val)
+            self.train_set = self._image_folder("train", normalize_free_train, pil_loader)
+        self.val_set = self._image_folder("val", normalize_free_val, pil_loader)
 
-    def _image_folder(self, split: str, transform: Any, loader: Any = load_rgb) -> datasets.ImageFolder:
+    def _image_folder(self, split: str, transform: Any, loader: Any) -> BadImagePolicy:
         folder = self.root / split
         try:
-            return _ImageFolder(str(folder), transform=transform, loader=loader)
+            images = _ImageFolder(str(folder), transform=transform, loader=loader)
         except FileNotFoundError as error:
             # torchvision's message names the class but not the fix.
             raise FileNotFoundError(
                 f"data.root: {error}; every class folder under {folder} needs at least one image "
                 f"with one of the extensions {', '.join(IMG_EXTENSIONS)}"
             ) from error
+        return BadImagePolicy(images, on_bad_image=self.hparams.on_bad_image)
 
     @override
     def train_dataloader(self) -> Any:
@@ -301,7 +308,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         sampler = DistributedSampler(
             self.train_set, num_replicas=world, rank=rank, shuffle=True, seed=self.hparams.seed, drop_last=True
         )
-        return self._wrap(self._loader(self.train_set, sampler, drop_last=True), self.hparams.crop_size)
+        return self._wrap(self._loader(self.train_set, sampler, drop_last=True), self.hparams.crop_size, "train")
 
     @override
     def val_dataloader(self) -> Any:
@@ -310,7 +317,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         assert self.val_set is not None, "setup() must run first"
         world, rank = self._world()
         loader = self._loader(self.val_set, ShardSampler(len(self.val_set), world, rank), drop_last=False)
-        return self._wrap(loader, self.hparams.val_crop_size)
+        return self._wrap(loader, self.hparams.val_crop_size, "val")
 
     @override
     def test_dataloader(self) -> Any:
@@ -346,18 +353,21 @@ class ImageNetDataModule(pl.LightningDataModule):
             batch_size=self.batch_size,
             sampler=sampler,
             num_workers=workers,
-            collate_fn=encoded_collate if self.gpu_decode else fast_collate,
+            # Batches are (images, targets, bad files); BadImageCounter strips the third in the main process.
+            collate_fn=BadImageCollate(encoded_collate if self.gpu_decode else fast_collate),
             pin_memory=self._device().type == "cuda",
             drop_last=drop_last,
             persistent_workers=workers > 0,
             prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
-            worker_init_fn=worker_init_fn,
+            # Workers leave SIGINT/SIGTERM to the main process, which stops at a step boundary (callbacks/preemption).
+            worker_init_fn=WorkerSignalShield(worker_init_fn) if workers > 0 else None,
         )
 
-    def _wrap(self, loader: DataLoader, size: int) -> DevicePrefetcher:
+    def _wrap(self, loader: DataLoader, size: int, split: str) -> DevicePrefetcher:
         decoder = partial(decode_crop_resize, size=size) if self.gpu_decode else None
+        counted = BadImageCounter(loader, split)  # callbacks.bad_images.BadImageCount logs its per-epoch count
         return DevicePrefetcher(
-            loader, self._device(), IMAGENET_MEAN_255, IMAGENET_STD_255, self.channels_last, decoder=decoder
+            counted, self._device(), IMAGENET_MEAN_255, IMAGENET_STD_255, self.channels_last, decoder=decoder
         )
 
     def _synthetic(self, length: int, seed: int) -> SyntheticBatches:

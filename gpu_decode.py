@@ -84,10 +84,15 @@ class EncodedSampleLoader:
         self.pil_loader = pil_loader
 
     def __call__(self, path: str) -> Encoded:
-        with open(path, "rb") as f:
-            raw = f.read()
-        header = Image.open(io.BytesIO(raw))  # parses the header only; no pixels are decoded here
-        if _gpu_decodable(header):
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+            header = Image.open(io.BytesIO(raw))  # parses the header only; no pixels are decoded here
+        except Exception:  # unreadable or no image: the PIL loader raises BadImageError, naming the file and why
+            header = None
+        # A JPEG without its end-of-image marker last is truncated (or carries trailing bytes): PIL decodes and judges
+        # it, so a truncated file is a BadImageError of its sample, not an nvJPEG error of the whole batch.
+        if header is not None and _gpu_decodable(header) and raw.endswith(b"\xff\xd9"):
             data, encoded = torch.frombuffer(bytearray(raw), dtype=torch.uint8), True
             width, height = header.size
         else:

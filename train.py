@@ -4,6 +4,8 @@
     python train.py fit --config configs/resnet50_imagenet.yaml --data.root /data/imagenet --trainer.devices 8
     python train.py validate --config configs/resnet50_imagenet.yaml --ckpt_path runs/.../last.ckpt
     python train.py fit --print_config                           # every key, with its default
+    python train.py fit --config ... --trainer.devices 8 --trainer.strategy DDPStrategy \
+        --trainer.strategy.timeout 0:10:00                       # a lost rank fails the job within 10 minutes
     python train.py -a resnet50 --b 224 --opt-level O1 --prof 20 /data/imagenet   # apex main_amp.py flags work too
 
 Every option lives in the config and can be overridden on the command line (``--model.arch resnet18``).
@@ -12,13 +14,19 @@ Every option lives in the config and can be overridden on the command line (``--
 from __future__ import annotations
 
 import sys
+from typing import Any
 
+import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger
+from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 import apex_compat
 from callbacks import ProfilerWindow
+from callbacks.bad_images import BadImageCount
+from callbacks.preemption import PreemptionHandler
+from checkpoint_io import AtomicCheckpointIO
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
 
@@ -55,6 +63,18 @@ class ImageNetCLI(LightningCLI):
             }
         )
         parser.add_lightning_class_args(ProfilerWindow, "profile")
+        # Always on: SIGTERM/SIGINT save <checkpoint dir>/last.ckpt at a step all ranks agree on and exit 128+signal.
+        parser.add_lightning_class_args(PreemptionHandler, "preemption")
+        # Always on: train_bad_images / val_bad_images per epoch (non-zero only with data.on_bad_image: skip).
+        parser.add_lightning_class_args(BadImageCount, "bad_images")
+
+    def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        # Checkpoints are always written atomically and durably (checkpoint_io.py), unless a CheckpointIO plugin of
+        # the user's own replaced Lightning's default.
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        return trainer
 
 
 def with_default_subcommand(argv: list[str]) -> list[str]:

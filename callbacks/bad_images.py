@@ -1,0 +1,60 @@
+"""Logs how many bad images ``data.on_bad_image: skip`` replaced per epoch: ``train_bad_images``, ``val_bad_images``.
+
+The counts are kept by :class:`image_loading.BadImageCounter` in the main process of each rank (host-side integers,
+no device work). Here they are logged once per epoch with ``reduce_fx="sum"`` and ``sync_dist=True``: one reduction
+across ranks per epoch, none per step. Loaders without a counter (``source: synthetic``) log nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import Callback
+
+from image_loading import BadImageCounter, find_bad_image_counter
+
+try:
+    from typing_extensions import override
+except ImportError:  # pragma: no cover
+    from typing import override  # type: ignore[attr-defined,no-redef]
+
+
+def _counters(loaders: Any) -> list[BadImageCounter]:
+    if loaders is None:
+        return []
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    elif not isinstance(loaders, (list, tuple)):
+        loaders = [loaders]
+    found = (find_bad_image_counter(loader) for loader in loaders if loader is not None)
+    return [counter for counter in found if counter is not None]
+
+
+def _sum(counters: Iterable[BadImageCounter]) -> float:
+    return float(sum(counter.epoch_count for counter in counters))
+
+
+class BadImageCount(Callback):
+    """Logs the number of bad images replaced per training epoch and per validation run, summed over ranks."""
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        counters = _counters(trainer.train_dataloader)
+        if counters:
+            # The loader is exhausted by now, so the count is the epoch's. Every rank has a counter (one datamodule
+            # configuration), so every rank takes part in the one reduction.
+            pl_module.log(
+                "train_bad_images", _sum(counters), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True
+            )
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        counters = _counters(trainer.val_dataloaders)
+        if counters:
+            pl_module.log(
+                "val_bad_images", _sum(counters), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True
+            )

@@ -1,0 +1,103 @@
+"""Checkpoints that are either the old file or the complete new one, never a torn mix, even on a crash or power loss.
+
+Lightning's ``TorchCheckpointIO`` serializes the whole checkpoint into memory and writes it through an fsspec
+transaction: the file is moved into place complete, but nothing is flushed to the disk, so after a power loss or a
+kernel crash the new name can point at a file whose data never reached the disk (zero-length or holes), and the
+previous checkpoint is gone. :class:`AtomicCheckpointIO` makes the sequence durable on local filesystems:
+
+1. ``torch.save`` streams into a temporary file in the target's folder (same filesystem, so the rename below is
+   atomic; streaming instead of an in-memory copy saves a second full copy of the checkpoint in host memory);
+2. ``flush`` + ``os.fsync``: the data is on the disk before any name points at it;
+3. ``os.replace`` onto the target: one atomic step from the old file to the new one, for every reader;
+4. ``fsync`` of the folder: the rename itself survives a crash.
+
+If anything fails before the rename (serialization error, full disk, an exception), the temporary file is removed
+and the target is untouched. A process killed with SIGKILL mid-save cannot clean up: it leaves a hidden
+``.<name>.<pid>.<random>.tmp`` next to the target, which nothing reads (``ModelCheckpoint`` and ``--ckpt_path last``
+only look at ``*.ckpt`` files) and which can be deleted. Remote paths (``s3://`` and other fsspec URLs) go to
+``TorchCheckpointIO`` unchanged: object stores publish an object only once it is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import torch
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+from lightning_fabric.utilities.types import _PATH
+from pytorch_lightning.plugins.io import TorchCheckpointIO
+
+try:
+    from typing_extensions import override
+except ImportError:  # pragma: no cover
+    from typing import override  # type: ignore[attr-defined,no-redef]
+
+#: errno values of ``fsync`` on a folder that mean "not supported by this filesystem", not "failed".
+_DIR_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF}
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Flushes ``folder``'s entries (a rename into it) to the disk; a no-op where folders cannot be synced."""
+    if os.name == "nt":  # pragma: no cover - Windows cannot open a folder as a file; NTFS journals renames.
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in _DIR_FSYNC_UNSUPPORTED:
+            raise
+    finally:
+        os.close(fd)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save(obj, path)`` through a synced temporary file and an atomic rename (see the module docstring)."""
+    target = Path(path)
+    folder = target.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    temp = folder / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    # O_EXCL: never write through a name someone else made; 0o666 & umask gives the permissions open() would.
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        try:
+            f = os.fdopen(fd, "wb")
+        except BaseException:
+            os.close(fd)
+            raise
+        with f:  # closes the descriptor, also on error
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    fsync_dir(folder)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose local saves are atomic and durable (see the module docstring).
+
+    Register it with ``Trainer(plugins=[AtomicCheckpointIO()])``. Loading and ``remove_checkpoint`` are
+    ``TorchCheckpointIO``'s.
+    """
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(
+                f"Trainer.save_checkpoint(..., storage_options=...) is not supported by {type(self).__name__}: "
+                "it writes local files (and hands remote URLs to TorchCheckpointIO, which has no storage options)"
+            )
+        fs, local_path = url_to_fs(str(path))
+        if not isinstance(fs, LocalFileSystem):
+            super().save_checkpoint(checkpoint, path)
+            return
+        atomic_torch_save(checkpoint, local_path)
