@@ -58,6 +58,8 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 from torch.utils.data import Dataset
 
+from prefetcher import LoaderProxy
+
 #: Largest image (width x height, in pixels) that loads: 16384 x 16384. A PNG or TIFF that large decodes to 805 MB
 #: of RGB per worker; a JPEG that large is drafted (see the module docstring) when a ``draft_min_side`` is given.
 MAX_PIXELS = 16384 * 16384
@@ -317,7 +319,7 @@ class BadImageCollate:
         return (*self.collate_fn(pairs), bad)
 
 
-class BadImageCounter:
+class BadImageCounter(LoaderProxy):
     """Wraps a loader of ``(images, targets, bad)`` batches; yields ``(images, targets)`` and counts the bad files.
 
     Runs in the main process, where the batches of all workers arrive, so counts are complete whatever the number
@@ -337,21 +339,6 @@ class BadImageCounter:
         self.epoch_count = 0
         self.total_count = 0
         self.bad_files: dict[str, str] = {}
-
-    @property
-    def sampler(self) -> Any:
-        return getattr(self.loader, "sampler", None)
-
-    @property
-    def batch_sampler(self) -> Any:
-        return getattr(self.loader, "batch_sampler", None)
-
-    @property
-    def dataset(self) -> Any:
-        return getattr(self.loader, "dataset", None)
-
-    def __len__(self) -> int:
-        return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         # Reset now rather than at the first next(): a generator's body only starts running on that first call.

@@ -39,7 +39,32 @@ def normalize(
     return out.sub_(mean).div_(std)
 
 
-class DevicePrefetcher:
+class LoaderProxy:
+    """Stands in for the loader it wraps: ``sampler``, ``batch_sampler``, ``dataset`` and ``len`` are the loader's.
+
+    Lightning calls ``set_epoch`` on ``sampler``/``batch_sampler.sampler`` and sizes epochs with ``len``; a wrapper
+    that hid them would silently repeat one shuffle order every epoch under DDP.
+    """
+
+    loader: Any
+
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.loader, "sampler", None)
+
+    @property
+    def batch_sampler(self) -> Any:
+        return getattr(self.loader, "batch_sampler", None)
+
+    @property
+    def dataset(self) -> Any:
+        return getattr(self.loader, "dataset", None)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+class DevicePrefetcher(LoaderProxy):
     """Wraps a loader of ``(uint8 images, int64 targets)`` batches and yields normalized batches on ``device``.
 
     Args:
@@ -69,22 +94,6 @@ class DevicePrefetcher:
         # One side stream per prefetcher: copies of consecutive batches are serialized on it, which is what
         # keeps at most one batch in flight beyond the one being consumed.
         self.stream = torch.cuda.Stream(device=self.device) if self.is_cuda else None
-
-    # --- stand-in for the wrapped loader --------------------------------------------------------------
-    @property
-    def sampler(self) -> Any:
-        return getattr(self.loader, "sampler", None)
-
-    @property
-    def batch_sampler(self) -> Any:
-        return getattr(self.loader, "batch_sampler", None)
-
-    @property
-    def dataset(self) -> Any:
-        return getattr(self.loader, "dataset", None)
-
-    def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
 
     # --- iteration ------------------------------------------------------------------------------------
     def _to_device(self, batch: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
