@@ -201,6 +201,19 @@ class ImageNetClassifier(pl.LightningModule):
 
     # --- model ----------------------------------------------------------------------------------------
     @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Before Lightning loads the weights: a mismatch would otherwise surface as a page of state_dict key errors.
+        saved = checkpoint.get("hyper_parameters", {})
+        mine = (self.hparams.arch, self.hparams.num_classes)
+        theirs = (saved.get("arch", mine[0]), saved.get("num_classes", mine[1]))
+        if theirs != mine:
+            path = getattr(self._trainer, "ckpt_path", None) or "the checkpoint"
+            raise ValueError(
+                f"--ckpt_path {path} holds {theirs[0]} with {theirs[1]} classes, this run builds {mine[0]} with "
+                f"{mine[1]} classes; pass --model.arch {theirs[0]} (and the data it was trained on)"
+            )
+
+    @override
     def configure_model(self) -> None:
         if self.hparams.compile and self._compiled is None:
             self.__dict__["_compiled"] = torch.compile(self.model, mode=self.hparams.compile)

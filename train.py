@@ -14,9 +14,11 @@ Every option lives in the config and can be overridden on the command line (``--
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger
@@ -67,6 +69,33 @@ class ImageNetCLI(LightningCLI):
         parser.add_lightning_class_args(PreemptionHandler, "preemption")
         # Always on: train_bad_images / val_bad_images per epoch (non-zero only with data.on_bad_image: skip).
         parser.add_lightning_class_args(BadImageCount, "bad_images")
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI puts the checkpoint's hyperparameters over the command line's: a different --model.arch would
+        # be replaced without a word, so say it instead (before anything is built).
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and Path(ckpt_path).is_file():
+            saved = torch.load(ckpt_path, weights_only=True, map_location="cpu", mmap=True).get("hyper_parameters", {})
+            asked = self.config[subcommand].model.arch
+            if saved.get("arch", asked) != asked:
+                self.parser.error(
+                    f"--ckpt_path {ckpt_path} holds a {saved['arch']} and this run asks for model.arch {asked}; "
+                    f"pass --model.arch {saved['arch']} (or a {asked} checkpoint)"
+                )
+        super()._parse_ckpt_path()
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        precision = str(config.trainer.precision)
+        accelerator = str(config.trainer.accelerator)
+        on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+        if on_cpu and precision in ("16-mixed", "16"):
+            # Lightning would warn and silently train in bf16 instead: a different run than the one asked for.
+            self.parser.error(
+                f"trainer.precision {precision} (fp16 autocast) needs a CUDA GPU and this run is on the CPU; "
+                "valid here: bf16-mixed, 32-true"
+            )
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         trainer = super().instantiate_trainer(**kwargs)

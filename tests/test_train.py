@@ -282,13 +282,17 @@ def test_rerun_in_the_same_run_folder(shapes_root: Path, tmp_path: Path, tiny_ar
 SMALL = {"data__batch_size": 2, "data__crop_size": 16, "data__val_resize_size": 16, "data__val_crop_size": 16}
 
 
-def test_fp16_mixed_on_cpu_says_it_runs_bf16(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
-    # Lightning 2.6 no longer refuses fp16 AMP on the CPU: it warns, naming both, and runs bf16-mixed instead.
+def test_fp16_mixed_on_cpu_is_refused_naming_what_is_valid(
+    shapes_root: Path, tmp_path: Path, tiny_args, main, capsys
+) -> None:
+    # Lightning 2.6 would warn and train bf16-mixed instead: a different run than the one asked for.
     args = tiny_args(shapes_root, tmp_path, **SMALL, trainer__precision="16-mixed", trainer__max_steps=1)
-    with pytest.warns(UserWarning, match=r"precision='16-mixed'.*fp16 is not supported on CPU.*bf16-mixed"):
-        cli = main(["fit", *args, "--trainer.limit_val_batches", "0"])
-    assert cli.trainer.precision == "bf16-mixed"
-    assert cli.trainer.global_step == 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args, "--trainer.limit_val_batches", "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "trainer.precision 16-mixed" in err and "needs a CUDA GPU" in err and "bf16-mixed, 32-true" in err
+    assert not list(tmp_path.rglob("*.ckpt"))
 
 
 def test_bf16_mixed_runs_on_cpu(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
@@ -425,3 +429,37 @@ def test_gpu_fit_fp16_channels_last_with_workers(shapes_root: Path, tmp_path: Pa
     assert images.is_contiguous(memory_format=torch.channels_last)
     assert targets.device.type == "cuda"
     assert sorted(find(cli, LRLog).lr) == list(range(8))
+
+
+def test_checkpoint_of_another_arch_is_refused_in_one_line(trained: dict, main, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", *trained["args"], "--model.arch", "resnet34", "--ckpt_path", str(trained["last"])])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "holds a resnet18 and this run asks for model.arch resnet34; pass --model.arch resnet18" in err
+
+
+def test_module_refuses_weights_of_another_arch(trained: dict) -> None:
+    # Outside the CLI (Trainer API) the module itself checks, before Lightning loads mismatched weights.
+    from imagenet_module import ImageNetClassifier
+
+    checkpoint = torch.load(trained["last"], map_location="cpu", weights_only=True)
+    with pytest.raises(ValueError, match="holds resnet18 with 10 classes, this run builds resnet34 with 10 classes"):
+        ImageNetClassifier(arch="resnet34", num_classes=10).on_load_checkpoint(checkpoint)
+
+
+def test_two_deterministic_runs_give_bitwise_identical_losses(shapes_root: Path, tmp_path: Path, tiny_args, main):
+    losses = []
+    for run in ("a", "b"):
+        args = tiny_args(
+            shapes_root, tmp_path / run, trainer__max_steps=6, trainer__limit_val_batches=0,
+            trainer__deterministic="true", trainer__log_every_n_steps=1, data__workers=2,
+        )  # fmt: skip
+        cli = main(["fit", *args])
+        rows = read_metrics(cli.trainer.logger.log_dir)
+        losses.append([r["train_loss"] for r in rows if r["train_loss"]])
+        weights = {k: v.clone() for k, v in cli.model.state_dict().items()}
+        if run == "a":
+            first_weights = weights
+    assert len(losses[0]) == 5 and losses[0] == losses[1]  # the CSV holds the exact float reprs
+    assert all(torch.equal(first_weights[k], weights[k]) for k in weights)
