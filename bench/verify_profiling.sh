@@ -5,6 +5,7 @@
 # windows    : two windows (steps 20-24 and 40-44) with --capture-range-end=repeat
 # lightning2 : 2 GPUs through Lightning's own launcher: one report holding both ranks
 # torchrun2  : 2 GPUs through torchrun, one report per rank (%q{RANK})
+# torchrunN  : every GPU of the machine through torchrun, one report per rank (the 4- and 8-GPU check)
 # ncu        : Nsight Compute on the kernels of one step range (--nvtx-include "step 20/")
 set -uo pipefail
 out=${1:?OUTDIR}; shift
@@ -38,13 +39,15 @@ for stage in "$@"; do
       python3 train.py "${common[@]}" --trainer.devices 2 --trainer.strategy ddp --profile.start_step 20
     run nsys export --type sqlite --force-overwrite true -o "$out/lightning2.sqlite" "$out/lightning2.nsys-rep" >/dev/null
     run python3 bench/check_nsys.py "$out/lightning2.sqlite" --steps 20-29 --processes 2 ;;
-  torchrun2)
-    run torchrun --nproc_per_node 2 --no-python nsys profile "${nsys_flags[@]}" --capture-range-end=stop \
-      -o "$out/torchrun2.rank%q{RANK}" python3 train.py "${common[@]}" --trainer.devices 2 --trainer.strategy ddp \
+  torchrun2|torchrunN)
+    n=2; [ "$stage" = torchrunN ] && n=$(nvidia-smi -L | wc -l)
+    run torchrun --nproc_per_node "$n" --no-python nsys profile "${nsys_flags[@]}" --capture-range-end=stop \
+      -o "$out/$stage.rank%q{RANK}" python3 train.py "${common[@]}" --trainer.devices "$n" --trainer.strategy ddp \
       --profile.start_step 20
-    for r in 0 1; do nsys export --type sqlite --force-overwrite true -o "$out/torchrun2.rank$r.sqlite" \
-      "$out/torchrun2.rank$r.nsys-rep" >/dev/null; done
-    run python3 bench/check_nsys.py "$out/torchrun2.rank0.sqlite" "$out/torchrun2.rank1.sqlite" --steps 20-29 ;;
+    reports=()
+    for ((r = 0; r < n; r++)); do nsys export --type sqlite --force-overwrite true -o "$out/$stage.rank$r.sqlite" \
+      "$out/$stage.rank$r.nsys-rep" >/dev/null; reports+=("$out/$stage.rank$r.sqlite"); done
+    run python3 bench/check_nsys.py "${reports[@]}" --steps 20-29 ;;
   ncu)
     run ncu --profile-from-start off --nvtx --nvtx-include "step 20/" --launch-count 3 --clock-control none \
       -o "$out/ncu_step20" -f python3 train.py "${common[@]}" --profile.start_step 20 --profile.num_steps 1
