@@ -6,6 +6,7 @@ line; the parent prints a Markdown table with ratios to the plain loop.
     python bench/throughput.py --arch resnet50 --precision bf16 --channels-last            # eager
     python bench/throughput.py --arch resnet50 --precision fp16 --channels-last --compile
     python bench/throughput.py ... --variants raw,app_synthetic,app_nvtx,app_folder --data /data/jpegs
+    python bench/throughput.py ... --gpus 1,2 --launcher torchrun      # DDP scaling, each variant on 1 and 2 GPUs
 
 Variants:
     raw            the plain loop (.carry/raw_loop.py, or --raw-loop PATH): synthetic data on the GPU
@@ -16,6 +17,9 @@ Variants:
     app_folder_gpu the app on the same folder with data.decode=gpu: nvJPEG decode + crop/resize/flip on the GPU
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
+Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
+launcher (``--launcher lightning``: it re-executes this script per rank) or under torchrun. Images/s count all GPUs;
+"scaling" is img/s on N GPUs / (N x img/s of the same variant on 1 GPU).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", help="JPEG folder (ImageNet layout) for app_folder")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 8)
     p.add_argument("--variants", default="raw,app_synthetic,app_nvtx")
+    p.add_argument("--gpus", default="1", help="comma-separated GPU counts to run every variant on, e.g. 1,2")
+    p.add_argument("--launcher", default="lightning", choices=["lightning", "torchrun"], help="app under DDP")
     p.add_argument("--raw-loop", default=str(ROOT / ".carry" / "raw_loop.py"))
     p.add_argument("--child", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -64,7 +70,10 @@ def run_raw(a: argparse.Namespace) -> dict:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         runpy.run_path(a.raw_loop, run_name="__main__")
-    result = json.loads(out.getvalue().strip().splitlines()[-1])
+    lines = out.getvalue().strip().splitlines()
+    if not lines:  # ranks other than 0 print nothing
+        return {}
+    result = json.loads(lines[-1])
     result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     result["wall_s"] = time.perf_counter() - start
     return result
@@ -76,6 +85,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
 
     sys.path.insert(0, str(ROOT))
     from callbacks import ProfilerWindow
+    from callbacks.preemption import PreemptionHandler
     from datamodule import ImageNetDataModule
     from imagenet_module import ImageNetClassifier
 
@@ -112,12 +122,15 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         compile="default" if a.compile else None,
     )
     timer = StepTimer()
-    callbacks: list[pl.Callback] = [timer]
+    # As train.py always has it: it also replaces Lightning's per-step sigterm broadcast, a host sync under DDP.
+    callbacks: list[pl.Callback] = [timer, PreemptionHandler()]
     if variant == "app_nvtx":
         callbacks.append(ProfilerWindow(start_step=10**9, nvtx=True))
+    gpus = int(os.environ.get("BENCH_GPUS", "1"))
     trainer = pl.Trainer(
         accelerator="gpu",
-        devices=1,
+        devices=gpus,
+        strategy="ddp" if gpus > 1 else "auto",
         precision=PRECISIONS[a.precision],
         max_steps=a.warmup + a.steps,
         limit_val_batches=0,
@@ -130,14 +143,17 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
     )
     start = time.perf_counter()
     trainer.fit(model, data)
+    if trainer.global_rank != 0:
+        return {}
     dt = timer.t1 - timer.t0
     return {
+        "gpus": gpus,
         "arch": a.arch,
         "precision": a.precision,
         "channels_last": a.channels_last,
         "compile": a.compile,
         "batch_per_gpu": a.batch,
-        "img_s": round(a.steps * a.batch / dt, 1),
+        "img_s": round(a.steps * a.batch * gpus / dt, 1),
         "ms_per_step": round(dt * 1000 / a.steps, 2),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
         "wall_s": time.perf_counter() - start,
@@ -148,29 +164,49 @@ def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
     if a.child:
         result = run_raw(a) if a.child == "raw" else run_app(a, a.child)
-        print("RESULT " + json.dumps(result), flush=True)
+        if result:
+            print("RESULT " + json.dumps(result), flush=True)
         return
-    rows = []
-    for variant in a.variants.split(","):
-        if variant.startswith("app_folder") and not a.data:
-            sys.exit("app_folder needs --data PATH (an ImageNet-layout JPEG folder: bench/make_jpeg_folder.py)")
-        cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", variant]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode != 0 or not lines:
-            print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
-            sys.exit(f"variant {variant} failed with exit code {proc.returncode}")
-        rows.append((variant, json.loads(lines[-1][len("RESULT ") :])))
-        print(f"{variant}: {rows[-1][1]}", flush=True)
-    base = dict(rows).get("raw")
+    args = list(argv if argv is not None else sys.argv[1:])
+    rows: dict[tuple[str, int], dict] = {}
+    gpu_counts = [int(g) for g in a.gpus.split(",")]
+    for gpus in gpu_counts:
+        for variant in a.variants.split(","):
+            if variant.startswith("app_folder") and not a.data:
+                sys.exit("app_folder needs --data PATH (an ImageNet-layout JPEG folder: bench/make_jpeg_folder.py)")
+            cmd = [sys.executable, __file__, *args, "--child", variant]
+            if gpus > 1 and (variant == "raw" or a.launcher == "torchrun"):
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    f"--nproc_per_node={gpus}",
+                    *cmd[1:],
+                ]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "BENCH_GPUS": str(gpus)})
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode != 0 or not lines:
+                print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+                sys.exit(f"variant {variant} on {gpus} GPU(s) failed with exit code {proc.returncode}")
+            rows[variant, gpus] = json.loads(lines[-1][len("RESULT ") :])
+            print(f"{variant} x{gpus}: {rows[variant, gpus]}", flush=True)
     config = f"{a.arch}, {a.precision}, {'channels_last' if a.channels_last else 'NCHW'}, "
     config += f"{'compiled' if a.compile else 'eager'}, batch {a.batch}/GPU"
-    print(f"\n| variant ({config}) | img/s | ms/step | vs raw | peak GiB | peak vs raw |")
-    print("|---|---|---|---|---|---|")
-    for variant, r in rows:
+    if max(gpu_counts) > 1:
+        config += f", app DDP via {a.launcher}"
+    print(f"\n| variant ({config}) | GPUs | img/s | ms/step | vs raw | scaling | peak GiB | peak vs raw |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (variant, gpus), r in rows.items():
+        base = rows.get(("raw", gpus))
+        one = rows.get((variant, 1))
         ratio = f"{r['img_s'] / base['img_s']:.3f}" if base else "-"
         mem = f"{r['peak_mem_gib'] / base['peak_mem_gib']:.3f}" if base else "-"
-        print(f"| {variant} | {r['img_s']:,.0f} | {r['ms_per_step']} | {ratio} | {r['peak_mem_gib']:.2f} | {mem} |")
+        scaling = f"{r['img_s'] / (gpus * one['img_s']):.3f}" if one and gpus > 1 else "-"
+        print(
+            f"| {variant} | {gpus} | {r['img_s']:,.0f} | {r['ms_per_step']} | {ratio} | {scaling} "
+            f"| {r['peak_mem_gib']:.2f} | {mem} |"
+        )
 
 
 if __name__ == "__main__":
