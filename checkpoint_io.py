@@ -16,6 +16,17 @@ and the target is untouched. A process killed with SIGKILL mid-save cannot clean
 ``.<name>.<pid>.<random>.tmp`` next to the target, which nothing reads (``ModelCheckpoint`` and ``--ckpt_path last``
 only look at ``*.ckpt`` files) and which can be deleted. Remote paths (``s3://`` and other fsspec URLs) go to
 ``TorchCheckpointIO`` unchanged: object stores publish an object only once it is complete.
+
+**Loading** repairs one inconsistency of Lightning 2.6's loop progress (:func:`repair_epoch_progress`), so that a
+run can be resumed mid-epoch any number of times. Resumed from a checkpoint taken after the last batch of an epoch
+(``ModelCheckpoint(every_n_train_steps=...)`` whose step falls on the epoch's end), Lightning counts that epoch as
+done but never counts the next one as started (nor calls ``on_train_epoch_start`` for it): its epoch progress reads
+``ready == started == processed == completed`` during the whole next epoch. A checkpoint taken in that epoch then
+resumes as if the epoch had not begun: Lightning restarts its batch counters at 0 (wrong ``batch_idx``, an epoch that
+ends before its last batch, no validation at its end) or, from its last batch, trains the epoch a second time. The
+repair gives such a checkpoint the progress an uninterrupted run would have saved at the same point (the epoch
+started), recognizable because the checkpoint was taken in ``on_train_batch_end`` (a batch processed, not yet
+completed), where the epoch is always in progress.
 """
 
 from __future__ import annotations
@@ -82,12 +93,47 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     fsync_dir(folder)
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` whose local saves are atomic and durable (see the module docstring).
+def repair_epoch_progress(checkpoint: dict[str, Any]) -> bool:
+    """Gives ``checkpoint`` the epoch progress of an uninterrupted run where Lightning 2.6 lost it (module docstring).
 
-    Register it with ``Trainer(plugins=[AtomicCheckpointIO()])``. Loading and ``remove_checkpoint`` are
-    ``TorchCheckpointIO``'s.
+    Returns:
+        Whether anything was changed (in place).
     """
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop")
+    if not isinstance(fit_loop, dict):
+        return False
+    epochs, batches = fit_loop.get("epoch_progress"), fit_loop.get("epoch_loop.batch_progress")
+    if not isinstance(epochs, dict) or not isinstance(batches, dict):
+        return False
+    try:
+        batch = batches["current"]
+        # Taken in on_train_batch_end: the batch is processed and not yet completed. The epoch is then in progress.
+        if not batch["ready"] == batch["started"] == batch["processed"] == batch["completed"] + 1:
+            return False
+        changed = False
+        for key in ("total", "current"):
+            epoch = epochs[key]
+            if epoch["ready"] == epoch["started"] == epoch["processed"] == epoch["completed"]:
+                epoch["ready"] = epoch["started"] = epoch["completed"] + 1
+                changed = True
+    except (KeyError, TypeError):  # another layout (another Lightning version): leave it to Lightning
+        return False
+    return changed
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose local saves are atomic and durable, and whose loads repair Lightning's epoch
+    progress (see the module docstring).
+
+    Register it with ``Trainer(plugins=[AtomicCheckpointIO()])``. ``remove_checkpoint`` is ``TorchCheckpointIO``'s.
+    """
+
+    @override
+    def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(path, *args, **kwargs)
+        if isinstance(checkpoint, dict):
+            repair_epoch_progress(checkpoint)
+        return checkpoint
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:

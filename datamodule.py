@@ -4,10 +4,24 @@ Workers decode and augment with PIL and hand over uint8 batches (no ``ToTensor``
 bytes to pin and copy). The ``DevicePrefetcher`` (prefetcher.py) copies the next batch to the GPU on a side stream
 and normalizes it there while the current one computes. ``source: synthetic`` replaces all of it with a fixed batch
 on the device; ``source: generated`` trains on a small dataset this project draws itself (shapes_dataset.py).
+
+**Exact resume in the middle of an epoch.** Lightning 2.6 restores its loop counters from a checkpoint but starts the
+epoch's data loader from the beginning again (unless the loader is "stateful"), so a run resumed from a mid-epoch
+``last.ckpt`` would train on the first batches of the epoch a second time and never see the last ones. Here the
+training order is a function of ``(seed, epoch)`` (:class:`TrainSampler`), and the data module's checkpoint state
+(:meth:`ImageNetDataModule.state_dict`, saved by Lightning with every checkpoint) records the epoch and how many of
+its batches were done. On resume the sampler serves that epoch from the next batch on, and the augmentation of every
+sample is seeded from ``(seed, epoch, index)`` (image_loading.py, :class:`~image_loading.SeededIndex`): the resumed
+run sees exactly the batches, crops and flips the uninterrupted run would have, and with ``trainer.deterministic``
+ends with the same weights bit for bit. The epoch's length (``len`` of the loader), the sampler's epoch and the
+learning-rate schedule are those of the uninterrupted run. The position is per rank in batches, so it is exact for a
+resume with the same batch size and number of ranks (anything else is warned about). A second resume within the
+epoch after an epoch-end resume also needs checkpoint_io.py's repair of Lightning's epoch progress.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator, Sequence
 from functools import partial
@@ -31,6 +45,7 @@ from image_loading import (  # noqa: F401 (load_rgb: datamodule.load_rgb before 
     BadImageCounter,
     BadImagePolicy,
     ImageLoader,
+    SeededIndex,
     load_rgb,
     min_decode_side,
 )
@@ -84,6 +99,61 @@ class ShardSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of sample ``index``'s augmentation in ``epoch``: 63 well-mixed bits of ``(seed, epoch, index)``."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class TrainSampler(DistributedSampler):
+    """The training order: ``DistributedSampler``'s shuffle of ``(seed, epoch)``, ``drop_last``, and two additions.
+
+    * Every index comes out as a :class:`~image_loading.SeededIndex` carrying :func:`sample_seed` of
+      ``(seed, epoch, index)``, which seeds that sample's augmentation.
+    * :meth:`resume_at` ``(epoch, batches)``: iterating epoch ``epoch`` starts after its first ``batches`` batches of
+      ``batch_size`` (what the interrupted run had done); other epochs are whole. ``len`` stays the whole epoch's:
+      Lightning sizes the epoch and the LR schedule with it, and counts the skipped batches as done.
+
+    Also used for one process (``num_replicas=1``): the order is then a function of ``(seed, epoch)`` alone.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, batch_size: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.batch_size = batch_size
+        self.resume_epoch: int | None = None
+        self.resume_batches = 0
+
+    def resume_at(self, epoch: int, batches: int) -> None:
+        """Epoch ``epoch`` starts at batch ``batches`` (0-based) of this rank's order."""
+        self.resume_epoch, self.resume_batches = epoch, batches
+
+    @override
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        if self.epoch == self.resume_epoch:
+            indices = indices[self.resume_batches * self.batch_size :]
+        seed, epoch = self.seed, self.epoch
+        # Lazily: the loader asks for a few batches at a time, and ImageNet has 1.28 M indices.
+        return (SeededIndex(index, sample_seed(seed, epoch, index)) for index in indices)
+
+
+class _TrainLoader(DevicePrefetcher):
+    """The training prefetcher, marked resumable for Lightning (``state_dict``/``load_state_dict``).
+
+    The position itself is restored by the data module (:meth:`ImageNetDataModule.load_state_dict`), before the
+    loader exists or at least before it is iterated. Lightning would hand a loader its state only if it built the
+    loader after restoring its loops, which this application does not do (the model sizes its LR schedule with the
+    loader in ``configure_optimizers``, before the loops are restored). Without the mark Lightning warns on every
+    mid-epoch resume that the loader restarts the epoch, which it no longer does.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
 
 
 def class_folders(folder: str | os.PathLike) -> list[str]:
@@ -219,6 +289,8 @@ class ImageNetDataModule(pl.LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self._classes: list[str] | None = None
+        self._train_sampler: TrainSampler | None = None
+        self._resume_at: tuple[int, int] | None = None  # (epoch, batches done in it) from a checkpoint
 
     # --- what the model needs to know -----------------------------------------------------------------
     @property
@@ -247,6 +319,9 @@ class ImageNetDataModule(pl.LightningDataModule):
 
     @override
     def setup(self, stage: str) -> None:
+        # Lightning calls setup before it restores a checkpoint: a fit without one starts at the first batch, also
+        # when this data module resumed an earlier fit.
+        self._resume_at = None
         if self.source == "synthetic":
             return
         if self.source == "generated" and not shapes_dataset.is_complete(self.root):
@@ -305,10 +380,12 @@ class ImageNetDataModule(pl.LightningDataModule):
         world, rank = self._world()
         # DistributedSampler also for one process: the order is then a function of (seed, epoch) alone, which makes
         # a resumed run see the same epochs as an uninterrupted one. drop_last keeps every rank at the same step count.
-        sampler = DistributedSampler(
-            self.train_set, num_replicas=world, rank=rank, shuffle=True, seed=self.hparams.seed, drop_last=True
-        )
-        return self._wrap(self._loader(self.train_set, sampler, drop_last=True), self.hparams.crop_size, "train")
+        sampler = TrainSampler(self.train_set, world, rank, self.hparams.seed, self.batch_size)
+        if self._resume_at is not None:
+            sampler.resume_at(*self._resume_at)
+        self._train_sampler = sampler
+        loader = self._loader(self.train_set, sampler, drop_last=True)
+        return self._wrap(loader, self.hparams.crop_size, "train", prefetcher=_TrainLoader)
 
     @override
     def val_dataloader(self) -> Any:
@@ -323,6 +400,45 @@ class ImageNetDataModule(pl.LightningDataModule):
     def test_dataloader(self) -> Any:
         # ImageNet's test labels are not public: "test" evaluates the val split, as the original's -e did.
         return self.val_dataloader()
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """Where training is in its epoch, saved by Lightning in every checkpoint of a fit (see the module docstring).
+
+        ``train_position``: the epoch, the batches of it this rank has done (what Lightning resumes after: a checkpoint
+        taken in ``on_train_batch_end`` counts its batch as done, one taken inside a step does not), and the batch
+        size and number of ranks they were counted in.
+        """
+        trainer = self.trainer
+        fit_loop = getattr(trainer, "fit_loop", None)
+        if fit_loop is None or self.source == "synthetic" or trainer.state.fn != "fit":
+            return {}
+        return {
+            "train_position": {
+                "epoch": trainer.current_epoch,
+                "batches": fit_loop.epoch_loop.batch_progress.current.processed,
+                "batch_size": self.batch_size,
+                "world_size": trainer.world_size,
+            }
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resumes the training order where the checkpoint's run was (Lightning calls it before training starts)."""
+        position = state_dict.get("train_position")
+        if not position:
+            return
+        world = self._world()[0]
+        if (position["batch_size"], position["world_size"]) != (self.batch_size, world):
+            rank_zero_warn(
+                f"resuming epoch {position['epoch']} after batch {position['batches']} with data.batch_size "
+                f"{self.batch_size} on {world} rank(s); the checkpoint was taken with {position['batch_size']} on "
+                f"{position['world_size']}: the rest of this epoch is not exactly the interrupted run's (the next "
+                "epochs are)"
+            )
+        self._resume_at = (int(position["epoch"]), int(position["batches"]))
+        if self._train_sampler is not None:  # the loader was built before the restore
+            self._train_sampler.resume_at(*self._resume_at)
 
     @override
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
@@ -363,10 +479,12 @@ class ImageNetDataModule(pl.LightningDataModule):
             worker_init_fn=WorkerSignalShield(worker_init_fn) if workers > 0 else None,
         )
 
-    def _wrap(self, loader: DataLoader, size: int, split: str) -> DevicePrefetcher:
+    def _wrap(
+        self, loader: DataLoader, size: int, split: str, prefetcher: type[DevicePrefetcher] = DevicePrefetcher
+    ) -> DevicePrefetcher:
         decoder = partial(decode_crop_resize, size=size) if self.gpu_decode else None
         counted = BadImageCounter(loader, split)  # callbacks.bad_images.BadImageCount logs its per-epoch count
-        return DevicePrefetcher(
+        return prefetcher(
             counted, self._device(), IMAGENET_MEAN_255, IMAGENET_STD_255, self.channels_last, decoder=decoder
         )
 

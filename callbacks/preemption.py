@@ -15,7 +15,8 @@ VMs) and then, after a grace period, SIGKILL; a person at a terminal presses Ctr
    :class:`~checkpoint_io.AtomicCheckpointIO` the file is replaced atomically) to ``<dir>/last.ckpt``, where ``<dir>``
    is ``dirpath`` if given, else the folder of the trainer's ``ModelCheckpoint``, else
    ``<default_root_dir>/checkpoints``. Resume with ``--ckpt_path <dir>/last.ckpt``. The checkpoint is taken at
-   the same point as a ``ModelCheckpoint(every_n_train_steps=...)`` one, which Lightning resumes from mid-epoch.
+   the same point as a ``ModelCheckpoint(every_n_train_steps=...)`` one, which Lightning resumes from mid-epoch; the
+   data module then serves the rest of the epoch exactly as the stopped run would have (datamodule.py).
 4. The run then stops at once by raising :class:`PreemptedExit` (a ``SystemExit``): no validation, no epoch-end
    hooks, no further checkpoints (``trainer.should_stop`` would run a validation first and make ``ModelCheckpoint``
    save a stale top-k file at the epoch end: time a preempted job does not have). Lightning tears the trainer down

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import shutil
 import sys
@@ -13,11 +14,13 @@ import numpy as np
 import pytest
 import torch
 from lightning_fabric.utilities.data import _set_sampler_epoch
+from lightning_fabric.utilities.types import _Stateful
 from PIL import Image
 from torch.utils.data import DistributedSampler
 
 import train
-from datamodule import ImageNetDataModule, ShardSampler, check_layout, fast_collate
+from datamodule import ImageNetDataModule, ShardSampler, TrainSampler, check_layout, fast_collate, sample_seed
+from image_loading import SeededIndex
 from prefetcher import DevicePrefetcher, SyntheticBatches
 from shapes_dataset import MANIFEST
 
@@ -150,6 +153,121 @@ def test_single_process_train_order_depends_on_seed_and_epoch_only(shapes_root: 
     assert order(0, 3) != order(0, 4)
     assert order(0, 3) != order(1, 3)
     assert sorted(order(0, 3)) == list(range(sizes(shapes_root)[0]))
+
+
+def test_train_sampler_resumes_its_epoch_after_the_batches_done(shapes_root: Path) -> None:
+    dm = small_dm(shapes_root)
+    dm.trainer = fake_trainer(world_size=2, rank=1)
+    dm.setup("fit")
+    sampler = dm.train_dataloader().sampler
+    assert isinstance(sampler, TrainSampler) and sampler.batch_size == 8
+    whole = {}
+    for epoch in (0, 1, 2):
+        sampler.set_epoch(epoch)
+        whole[epoch] = list(sampler)
+    sampler.resume_at(1, 3)
+    for epoch in (0, 1, 2):
+        sampler.set_epoch(epoch)
+        # Epoch 1 goes on after its first 3 batches (of 8 on this rank); the others are whole. The length stays the
+        # whole epoch's: Lightning sizes epochs (and the LR schedule) with it and counts the 3 batches as done.
+        assert list(sampler) == (whole[1][3 * 8 :] if epoch == 1 else whole[epoch])
+        assert len(sampler) == len(whole[epoch]) == sizes(shapes_root)[0] // 2
+    # Every index carries the seed of its augmentation: a function of (seed, epoch, index), not of the rank.
+    sampler.set_epoch(2)
+    for index in sampler:
+        assert isinstance(index, SeededIndex) and index.seed == sample_seed(0, 2, int(index))
+    assert len({sample_seed(0, epoch, 5) for epoch in range(3)} | {sample_seed(1, 0, 5)}) == 4
+
+
+def fake_fitting_trainer(epoch: int, processed: int, world_size: int = 1) -> SimpleNamespace:
+    """A fake trainer in the middle of a fit: epoch ``epoch``, ``processed`` batches of it done."""
+    progress = SimpleNamespace(current=SimpleNamespace(processed=processed))
+    trainer = fake_trainer(world_size=world_size)
+    trainer.state = SimpleNamespace(fn="fit")
+    trainer.current_epoch = epoch
+    trainer.fit_loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
+    return trainer
+
+
+def test_checkpoint_state_resumes_the_training_order(shapes_root: Path) -> None:
+    saving = small_dm(shapes_root)
+    saving.trainer = fake_fitting_trainer(epoch=2, processed=4)
+    state = saving.state_dict()
+    assert state == {"train_position": {"epoch": 2, "batches": 4, "batch_size": 8, "world_size": 1}}
+    saving.trainer.state.fn = "validate"
+    assert saving.state_dict() == {}  # only a fit has a position (Lightning then saves no entry)
+
+    # Lightning: setup, then the restore (load_state_dict), then train_dataloader (or, for a loader built while
+    # configuring the optimizers, before the restore: then the restore moves the existing sampler).
+    for built_before in (False, True):
+        dm = small_dm(shapes_root)
+        dm.trainer = fake_trainer()
+        dm.setup("fit")
+        loader = dm.train_dataloader() if built_before else None
+        dm.load_state_dict(state)
+        loader = loader or dm.train_dataloader()
+        _set_sampler_epoch(loader, 2)
+        assert len(list(loader)) == len(loader) - 4
+        assert len(loader) == sizes(shapes_root)[0] // 8
+    # A later fit without a checkpoint starts at the first batch.
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    _set_sampler_epoch(loader, 2)
+    assert len(list(loader)) == len(loader)
+    # Lightning's test of a resumable loader: without it, it warns on every mid-epoch resume that the epoch restarts.
+    assert isinstance(loader, _Stateful) and not isinstance(dm.val_dataloader(), _Stateful)
+
+
+def test_resume_with_another_batch_size_or_world_size_warns(shapes_root: Path) -> None:
+    dm = small_dm(shapes_root, batch_size=4)
+    dm.trainer = fake_trainer(world_size=2)
+    dm.setup("fit")
+    position = {"epoch": 1, "batches": 2, "batch_size": 8, "world_size": 1}
+    with pytest.warns(UserWarning, match="not exactly the interrupted run's"):
+        dm.load_state_dict({"train_position": position})
+    loader = dm.train_dataloader()
+    _set_sampler_epoch(loader, 1)
+    assert len(list(loader)) == len(loader) - 2  # Lightning counts 2 batches as done: the epoch keeps its length
+
+
+def epoch_batches(dm: ImageNetDataModule, epoch: int) -> list[torch.Tensor]:
+    loader = dm.train_dataloader()
+    _set_sampler_epoch(loader, epoch)
+    return [images for images, _ in loader]
+
+
+def test_augmentation_depends_on_seed_epoch_and_index_only(shapes_root: Path) -> None:
+    batches = {}
+    for workers in (0, 2):
+        dm = small_dm(shapes_root, workers=workers, min_crop_scale=0.2, prefetch_factor=1)
+        dm.setup("fit")
+        torch.manual_seed(workers)  # the main process's generator does not matter either
+        batches[workers] = epoch_batches(dm, 1)
+    # Which worker loads a sample, and how many there are, changes nothing.
+    assert all(torch.equal(a, b) for a, b in zip(batches[0], batches[2], strict=True))
+
+    dm = small_dm(shapes_root, min_crop_scale=0.2)
+    dm.setup("fit")
+    dataset = dm.train_set
+    before = torch.get_rng_state()
+    first = np.asarray(dataset[SeededIndex(5, sample_seed(0, 1, 5))][0])
+    again = np.asarray(dataset[SeededIndex(5, sample_seed(0, 1, 5))][0])
+    other_epoch = np.asarray(dataset[SeededIndex(5, sample_seed(0, 2, 5))][0])
+    assert np.array_equal(first, again) and not np.array_equal(first, other_epoch)
+    # The main process's generator is as it was (workers: 0 loads here): the model's randomness is its own.
+    assert torch.equal(torch.get_rng_state(), before)
+    # A plain index (validation, another sampler) draws from the generator as it is.
+    torch.manual_seed(1)
+    plain = [np.asarray(dataset[5][0]) for _ in range(4)]
+    assert any(not np.array_equal(plain[0], image) for image in plain[1:])
+
+
+def test_seeded_index_is_an_int_that_keeps_its_seed_through_pickling() -> None:
+    index = SeededIndex(7, 123)
+    assert index == 7 and int(index) == 7 and index + 1 == 8 and [0, 1, 2, 3, 4, 5, 6, 7][index] == 7
+    assert json.dumps([index]) == "[7]" and hash(index) == hash(7)
+    copy = pickle.loads(pickle.dumps(index))
+    assert isinstance(copy, SeededIndex) and (copy, copy.seed) == (7, 123)
 
 
 def test_val_loader_shards_without_padding_and_yields_normalized_batches(shapes_root: Path) -> None:

@@ -33,6 +33,7 @@ from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
 
 DRIVER = Path(__file__).resolve().parent / "reliability_scripts" / "train_driver.py"
+REAPER = Path(__file__).resolve().parent / "reliability_scripts" / "reaper.py"
 
 
 # --- in-process: a tiny module ------------------------------------------------------------------------
@@ -285,15 +286,21 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class Run:
-    """A driver process in its own session (so that the test can always kill every rank it started)."""
+    """A driver process in its own session (so that the test can always kill every rank it started).
 
-    def __init__(self, data_root: Path, out: Path, *args: str) -> None:
+    ``reaped``: run it under reliability_scripts/reaper.py, which learns the exit status of every rank, also of a
+    rank whose parent (rank 0) died, into ``<out>/exits.json``; the process is then the reaper, which ends when every
+    rank has.
+    """
+
+    def __init__(self, data_root: Path, out: Path, *args: str, reaped: bool = False) -> None:
         self.out = out
         out.mkdir(parents=True)
         self.log_path = out.parent / f"{out.name}.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop())
+        reaper = [sys.executable, str(REAPER), str(out / "exits.json")] if reaped else []
         self.process = subprocess.Popen(
-            [sys.executable, str(DRIVER), "--root", str(data_root), "--out", str(out), *args],
+            [*reaper, sys.executable, str(DRIVER), "--root", str(data_root), "--out", str(out), *args],
             cwd=out,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -333,8 +340,8 @@ class Run:
 def runs(data_root: Path, tmp_path: Path):
     started: list[Run] = []
 
-    def start(name: str, *args: str) -> Run:
-        run = Run(data_root, tmp_path / name, *args)
+    def start(name: str, *args: str, reaped: bool = False) -> Run:
+        run = Run(data_root, tmp_path / name, *args, reaped=reaped)
         started.append(run)
         return run
 
@@ -423,6 +430,23 @@ def test_dead_ddp_rank_makes_the_other_exit_with_an_error(runs) -> None:
     assert status != 0, run.output()[-4000:]
     # A dead peer's connections close: gloo fails at once (or Lightning's child observer kills rank 0 within 5 s).
     assert ended - dying["time"] < 15
+
+
+def test_killed_ddp_rank_0_leaves_no_rank_behind(runs) -> None:
+    # kill -9 of rank 0, which started rank 1 (Lightning's launcher): nothing is left to watch rank 1, which must end
+    # on its own, with an error. test_gpu_reliability.py runs the same with NCCL.
+    run = runs(
+        "killed0", "--devices", "2", "--ready-step", "2", "--die-rank", "0", "--die-step", "3", "--die-mode", "kill",
+        reaped=True,
+    )  # fmt: skip
+    (ready1,) = run.wait_for("ready_rank1.json")
+    assert run.wait(90) == 128 + signal.SIGKILL, run.output()[-4000:]  # rank 0's status; every rank has ended
+    (dying,) = run.wait_for("dying_rank0.json", timeout=1)
+    exits = json.loads((run.out / "exits.json").read_text())
+    rank1 = exits[str(ready1["pid"])]
+    assert rank1["status"] != 0, run.output()[-4000:]
+    # gloo: the dead peer's connections close, and rank 1's next collective fails at once.
+    assert rank1["time"] - dying["time"] < 15, run.output()[-4000:]
 
 
 def test_hung_ddp_rank_makes_the_other_exit_within_the_timeout(runs) -> None:

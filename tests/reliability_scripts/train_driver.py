@@ -1,11 +1,13 @@
-"""A small CPU training run of the application's model and data module, for the preemption and dead-rank tests.
+"""A small training run of the application's model and data module, for the preemption and dead-rank tests.
 
     python train_driver.py --root DATA --out OUT [--devices 2] [--ready-step 3] [--die-rank 1 --die-step 3 ...]
+    python train_driver.py --accelerator gpu --devices 2 ...     # NCCL: the tests of test_gpu_reliability.py
 
 It builds the Trainer the way train.py does where it matters here (AtomicCheckpointIO, PreemptionHandler, a
-ModelCheckpoint with save_last, DDPStrategy with a timeout for 2 devices) and trains resnet18 on 32-pixel crops
-until it is stopped. Lightning's DDP launcher re-runs this script (sys.argv) for rank 1, so it is a script, not a
-test. It writes, under OUT:
+ModelCheckpoint with save_last, DDPStrategy with a timeout for 2 devices: gloo on CPU, NCCL on GPUs) and trains
+resnet18 on 32-pixel crops until it is stopped. ``--die-mode``: ``exit`` (``os._exit(3)``), ``kill`` (SIGKILL to
+itself: no cleanup, like ``kill -9`` or the OOM killer) or ``hang``. Lightning's DDP launcher re-runs this script
+(sys.argv) for rank 1, so it is a script, not a test. It writes, under OUT:
 
 * ``ready_rank<r>.json`` once rank r has done ``--ready-step`` optimizer steps: ``{"pid", "step", "workers"}``
   (``workers``: the pids of its data loader workers);
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -61,6 +64,8 @@ class Probe(Callback):
             write_json(self.out / f"dying_rank{trainer.global_rank}.json", {"time": time.time(), "step": self.die_step})
             if self.die_mode == "exit":
                 os._exit(3)
+            if self.die_mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(3600)  # "hang": a rank stuck outside any collective, e.g. on a dead file system
 
     def on_train_batch_end(
@@ -88,12 +93,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--root", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--timeout-s", type=float, default=60.0, help="DDP timeout (2 devices)")
     parser.add_argument("--ready-step", type=int, default=3)
     parser.add_argument("--die-rank", type=int, default=-1)
     parser.add_argument("--die-step", type=int, default=-1)
-    parser.add_argument("--die-mode", choices=["exit", "hang"], default="exit")
+    parser.add_argument("--die-mode", choices=["exit", "kill", "hang"], default="exit")
     parser.add_argument("--max-steps", type=int, default=2000, help="a bound in case a stop never comes")
     parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
     args = parser.parse_args()
@@ -115,7 +121,7 @@ def main() -> None:
     if args.devices > 1:
         strategy = DDPStrategy(timeout=timedelta(seconds=args.timeout_s))
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=args.devices,
         strategy=strategy,
         plugins=[AtomicCheckpointIO()],
