@@ -1,13 +1,35 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, then the throughput table on synthetic data and on a generated JPEG folder.
-#   bash bench/gpu_session.sh OUTDIR [PRECISION...]
+# One device call on one GPU, in stages (each bounded by STAGE_TIMEOUT seconds, default 240):
+#   bash bench/gpu_session.sh OUTDIR STAGE...
+# tests    : python -m pytest -m gpu (every GPU test of the suite)
+# decode   : bench/decode_bench.py: nvJPEG decode and the per-image vs batched crop/resize on a JPEG folder
+# eager-P  : bench/throughput.py, precision P (bf16|fp16), eager: raw loop, app synthetic, NVTX on, PIL folder, nvJPEG
+# compile-P: the same compiled (torch.compile), without the NVTX and PIL rows
+# report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 set -uo pipefail
 out=${1:?OUTDIR}; shift
 mkdir -p "$out"
-python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -15 | tee "$out/pytest_gpu.txt"
-python3 bench/make_jpeg_folder.py /tmp/jpegs --classes 100 --train-per-class 96 --val-per-class 4 | tee "$out/jpegs.txt"
-for precision in "${@:-bf16}"; do
-  python3 bench/throughput.py --arch resnet50 --precision "$precision" --channels-last --workers "$(nproc)" \
-    --variants raw,app_synthetic,app_nvtx,app_folder,app_folder_gpu --data /tmp/jpegs 2>&1 \
-    | tee "$out/throughput_$precision.txt" | grep -v "^app\|^raw"
+limit=${STAGE_TIMEOUT:-240}
+jpegs() { [ -d /tmp/jpegs ] || python3 bench/make_jpeg_folder.py /tmp/jpegs --classes 100 --train-per-class 96 \
+  --val-per-class 4 > "$out/jpegs.txt"; }
+table() { grep -v "^app\|^raw" "$1"; }
+for stage in "$@"; do
+  echo "=== $stage (t=${SECONDS}s)"
+  case $stage in
+  tests) timeout "$limit" python3 -m pytest -m gpu -q -p no:cacheprovider -x tests 2>&1 | tail -25 | tee "$out/pytest_gpu.txt" ;;
+  decode) jpegs; timeout "$limit" python3 bench/decode_bench.py --data /tmp/jpegs --batch 256 --iters 20 2>&1 \
+    | tee "$out/decode_bench.txt" | tail -20 ;;
+  eager-*|compile-*)
+    jpegs; p=${stage#*-}; flags=(); variants=raw,app_synthetic,app_nvtx,app_folder,app_folder_gpu
+    [ "${stage%%-*}" = compile ] && flags=(--compile) && variants=raw,app_synthetic,app_folder_gpu
+    timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" --channels-last "${flags[@]}" \
+      --workers "$(nproc)" --variants "$variants" --data /tmp/jpegs > "$out/throughput_$stage.txt" 2>&1
+    table "$out/throughput_$stage.txt" ;;
+  report) jpegs; timeout "$limit" python3 train.py --config configs/resnet50_imagenet.yaml --data.root /tmp/jpegs \
+    --data.workers "$(nproc)" --data.decode gpu --trainer.max_steps 40 --trainer.enable_progress_bar false \
+    --trainer.default_root_dir "$out/report_run" --profile.start_step 20 --profile.num_steps 10 2>&1 \
+    | tail -30 | tee "$out/report.txt" ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+  esac
 done
+echo "=== done (t=${SECONDS}s)"

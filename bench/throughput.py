@@ -162,6 +162,11 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
+    if a.child and os.environ.get("BENCH_STACKS_AFTER_S"):
+        import faulthandler
+
+        # A variant that hangs prints every thread's stack and exits, instead of eating the whole device call.
+        faulthandler.dump_traceback_later(float(os.environ["BENCH_STACKS_AFTER_S"]), exit=True)
     if a.child:
         result = run_raw(a) if a.child == "raw" else run_app(a, a.child)
         if result:

@@ -1,0 +1,214 @@
+"""Throughput of the ``data.decode: gpu`` stage alone: nvJPEG decode, then the per-image or batched crop/resize/flip.
+
+    python bench/make_jpeg_folder.py /tmp/jpegs --classes 100 --train-per-class 96 --val-per-class 4
+    python bench/decode_bench.py --data /tmp/jpegs --batch 256 --iters 20            # CUDA
+    python bench/decode_bench.py --data /tmp/small --batch 16 --iters 2 --device cpu  # a smoke test on CPU
+
+Batches come from the JPEG folder through the real ``EncodedSampleLoader`` (RandomResizedCrop boxes and flips drawn as
+in training), read into memory before any timing, and are cycled. Each row runs its stage on a side stream, as the
+prefetcher does, ``--iters`` times after ``--warmup`` untimed ones, between two ``torch.cuda.synchronize()``:
+
+    decode                 torchvision.io.decode_jpeg on the batch's list of JPEGs (one batched nvJPEG call)
+    decode + per-image     gpu_decode.decode_crop_resize_reference: a Python loop of ~6 ops per image
+    decode + batched       gpu_decode.decode_crop_resize: one gather, two batched matmuls, the flip in the weights
+    decode + batched/copy  the same with one copy per crop into the padded tensor instead of the strided gather
+    decode + batched/fp32  the same in float32 instead of float16 (the default on CUDA)
+    ... + busy thread      the same while another thread launches small kernels in a loop, as the training thread
+                           does: how much the stage suffers from (and takes from) a thread competing for the GIL
+
+``busy launch/s`` is what the busy thread achieved during the row (alone, before any row, it is printed above the
+table); ``peak MiB`` is the most memory the row allocated beyond what was allocated before it. The mean and largest
+absolute difference between the per-image and the batched output of the same batch (0..255 scale) follow the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gpu_decode import (  # noqa: E402
+    Encoded,
+    EncodedSampleLoader,
+    decode_crop_resize,
+    decode_crop_resize_reference,
+)
+from image_loading import ImageLoader, min_decode_side  # noqa: E402
+
+EXTENSIONS = {".jpeg", ".jpg", ".png"}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", required=True, help="JPEG folder: DIR/train/<class>/* (or DIR/<class>/*)")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--iters", type=int, default=20, help="timed batches per row")
+    p.add_argument("--warmup", type=int, default=3, help="untimed batches per row before timing")
+    p.add_argument("--batches", type=int, default=4, help="distinct batches read into memory and cycled")
+    p.add_argument("--size", type=int, default=224, help="output side")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def load_batches(a: argparse.Namespace) -> list[list[Encoded]]:
+    folder = Path(a.data) / "train" if (Path(a.data) / "train").is_dir() else Path(a.data)
+    files = sorted(str(f) for f in folder.glob("*/*") if f.suffix.lower() in EXTENSIONS)
+    if not files:
+        raise SystemExit(f"no images under {folder}/<class>/")
+    random.Random(a.seed).shuffle(files)
+    needed = a.batch * a.batches
+    files = (files * (needed // len(files) + 1))[:needed]  # a small folder is cycled
+    resize = round(a.size * 256 / 224)
+    pil_loader = ImageLoader(draft_min_side=min_decode_side(a.size, 0.08, resize))  # as the app's, for non-JPEGs
+    loader = EncodedSampleLoader(True, a.size, 0.08, resize, pil_loader)
+    torch.manual_seed(a.seed)
+    samples = [loader(path) for path in files]
+    return [samples[i : i + a.batch] for i in range(0, needed, a.batch)]
+
+
+class BusyThread:
+    """Launches a small kernel in a loop (a sync every 64, so the queue stays short) until stopped."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.tensor = torch.zeros(4096, device=device)
+        self.stop = threading.Event()
+        self.launches = 0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for _ in range(64):
+                self.tensor.add_(1.0)
+            self.launches += 64
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
+
+    def __enter__(self) -> BusyThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_row(
+    stage: Callable[[list[Encoded]], object], batches: list[list[Encoded]], a: argparse.Namespace, busy: bool
+) -> dict:
+    device = torch.device(a.device)
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+    base = 0
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    busy_thread = BusyThread(device) if busy else None
+    with context:
+        if busy_thread is not None:
+            busy_thread.__enter__()
+        try:
+            for i in range(a.warmup):
+                stage(batches[i % len(batches)])
+            synchronize(device)
+            launches0, start = (busy_thread.launches if busy_thread else 0), time.perf_counter()
+            for i in range(a.iters):
+                stage(batches[i % len(batches)])
+            synchronize(device)
+            elapsed = time.perf_counter() - start
+            launches = (busy_thread.launches if busy_thread else 0) - launches0
+        finally:
+            if busy_thread is not None:
+                busy_thread.__exit__()
+    row = {"img/s": a.iters * a.batch / elapsed, "ms/batch": elapsed / a.iters * 1e3}
+    row["busy launch/s"] = launches / elapsed if busy else None
+    row["peak MiB"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if device.type == "cuda" else None
+    return row
+
+
+def busy_alone(device: torch.device, seconds: float = 1.0) -> float:
+    with BusyThread(device) as busy:
+        time.sleep(0.2)
+        launches0, start = busy.launches, time.perf_counter()
+        time.sleep(seconds)
+        return (busy.launches - launches0) / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    a = parse(argv)
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda, but CUDA is not available (use --device cpu)")
+    start = time.perf_counter()
+    batches = load_batches(a)
+    encoded = sum(s.encoded for batch in batches for s in batch)
+    total = sum(len(batch) for batch in batches)
+    import torchvision
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, {name}")
+    print(
+        f"{len(batches)} batches of {a.batch} from {a.data} ({encoded}/{total} JPEGs to decode_jpeg, rest PIL), "
+        f"read in {time.perf_counter() - start:.1f} s; output {a.size}x{a.size}, {a.iters} timed iterations per row"
+    )
+
+    def decode_only(batch: list[Encoded]) -> object:
+        data = [s.data for s in batch if s.encoded]
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device) if data else None
+
+    rows: list[tuple[str, Callable[[list[Encoded]], object], bool]] = [
+        ("decode (nvJPEG batched) alone", decode_only, False),
+        ("decode + per-image loop (old)", lambda b: decode_crop_resize_reference(b, device, a.size), False),
+        ("decode + per-image loop, busy thread", lambda b: decode_crop_resize_reference(b, device, a.size), True),
+        ("decode + batched (new)", lambda b: decode_crop_resize(b, device, a.size), False),
+        ("decode + batched, busy thread", lambda b: decode_crop_resize(b, device, a.size), True),
+        ("decode + batched, gather=copy", lambda b: decode_crop_resize(b, device, a.size, gather="copy"), False),
+        ("decode + batched, float32", lambda b: decode_crop_resize(b, device, a.size, dtype=torch.float32), False),
+    ]
+    print(f"busy thread alone: {busy_alone(device):,.0f} launch/s")
+    print()
+    print("| stage | img/s | ms/batch | busy launch/s | peak MiB |")
+    print("|---|---|---|---|---|")
+    for label, stage, busy in rows:
+        try:
+            r = time_row(stage, batches, a, busy)
+        except Exception as error:  # one failing row must not hide the others
+            message = (str(error).strip().splitlines() or [""])[0][:200]
+            print(f"| {label} | failed: {type(error).__name__}: {message} | | | |", flush=True)
+            continue
+        busy_s = f"{r['busy launch/s']:,.0f}" if r["busy launch/s"] is not None else "-"
+        peak = f"{r['peak MiB']:,.0f}" if r["peak MiB"] is not None else "-"
+        print(f"| {label} | {r['img/s']:,.0f} | {r['ms/batch']:.2f} | {busy_s} | {peak} |", flush=True)
+
+    old = decode_crop_resize_reference(batches[0], device, a.size)
+    new = decode_crop_resize(batches[0], device, a.size)
+    copied = decode_crop_resize(batches[0], device, a.size, gather="copy")
+    wide = decode_crop_resize(batches[0], device, a.size, dtype=torch.float32)
+    print()
+    default = "float16" if device.type == "cuda" else "float32"
+    for label, out in ((f"batched ({default})", new), ("batched, gather=copy", copied), ("batched, float32", wide)):
+        diff = (out - old).abs()
+        print(f"per-image vs {label}: mean abs diff {diff.mean().item():.4f}, max {diff.max().item():.3f} (0..255)")
+
+
+if __name__ == "__main__":
+    main()
