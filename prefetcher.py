@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,6 +39,23 @@ def normalize(
     """Casts a uint8 NCHW batch to float32 and normalizes it per channel; ``mean``/``std`` are on the 0..255 scale."""
     out = images.to(memory_format=memory_format).float()
     return out.sub_(mean).div_(std)
+
+
+@dataclass
+class CopyEvents:
+    """CUDA events around one batch's trip to the device, recorded on the prefetcher's side stream.
+
+    ``start`` is recorded before the host-to-device copy (or the GPU decode), ``copied`` after it, ``done`` after the
+    cast and normalization; ``issued`` is the host ``time.perf_counter()`` at ``start``; ``pinned`` tells whether the
+    host images were in page-locked memory (``None`` when they are not a tensor: encoded files for the GPU decoder).
+    """
+
+    start: Any  # torch.cuda.Event
+    copied: Any
+    done: Any
+    issued: float
+    pinned: bool | None
+    nbytes: int
 
 
 class LoaderProxy:
@@ -94,16 +113,39 @@ class DevicePrefetcher(LoaderProxy):
         # One side stream per prefetcher: copies of consecutive batches are serialized on it, which is what
         # keeps at most one batch in flight beyond the one being consumed.
         self.stream = torch.cuda.Stream(device=self.device) if self.is_cuda else None
+        #: While a list (the step report switches it on for a profiling window only), every CUDA batch appends its
+        #: :class:`CopyEvents` to it; ``None`` costs nothing. list.append is atomic, also from the decode thread.
+        self.timing: list[CopyEvents] | None = None
 
     # --- iteration ------------------------------------------------------------------------------------
     def _to_device(self, batch: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         images, targets = batch[0], batch[1]
+        timing = self.timing if self.is_cuda else None
+        if timing is not None:
+            events = self._copy_started(images, targets)
         if self.decoder is not None:
             images = self.decoder(images, self.device)  # float32 on the 0..255 scale, already on the device
         else:
             images = images.to(self.device, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
-        return normalize(images, self.mean, self.std, self.memory_format), targets
+        if timing is not None:
+            events.copied.record()
+        out = normalize(images, self.mean, self.std, self.memory_format), targets
+        if timing is not None:
+            events.done.record()
+            timing.append(events)
+        return out
+
+    @staticmethod
+    def _copy_started(images: Any, targets: Any) -> CopyEvents:
+        """Records the start event on the current (side) stream and notes what the host batch is."""
+        tensors = [t for t in (images, targets) if isinstance(t, torch.Tensor)]
+        pinned = images.is_pinned() if isinstance(images, torch.Tensor) else None
+        nbytes = sum(t.nelement() * t.element_size() for t in tensors)
+        start, copied, done = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        issued = time.perf_counter()
+        start.record()
+        return CopyEvents(start, copied, done, issued, pinned, nbytes)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not self.is_cuda:

@@ -16,6 +16,10 @@ Range layout of one optimizer step (gradient accumulation repeats data/forward/b
 ``step N`` opens where Lightning starts fetching the step's batch, so the fetch belongs to the step, and closes
 after the optimizer step. Lightning fetches one batch ahead, so the ``data`` range of step N fetches the batch of
 step N+1, exactly like the original loop's ``prefetcher.next()`` at the end of its body.
+
+With ``report`` on (the default), every window also ends with a step-time report (``step_report.py``): per step and
+phase on the host and the GPU, per rank, and whether the input copies overlap compute, written to
+``<run folder>/step_report/window_<A>-<B>.{json,md,png}`` with a short summary printed on rank 0.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pytorch_lightning.profilers import Profiler
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
 from callbacks.ranges import RangeStack
+from callbacks.step_timer import StepTimer
 
 try:
     from typing_extensions import override
@@ -93,6 +98,10 @@ class ProfilerWindow(Callback):
         torch_profiler: Also record a Kineto trace (``torch.profiler``) of the window, one file per global rank,
             with the same ``step N`` ranges; open it in Perfetto or TensorBoard.
         trace_dir: Folder of the Kineto traces; default ``<run folder>/traces``.
+        report: At the end of each window, the step-time report: phase times per step on the host clock and (on
+            CUDA) from CUDA events, the prefetcher's copies and their overlap with compute, every rank gathered on
+            rank 0, written as JSON, Markdown and PNG to ``<run folder>/step_report/`` and summarized on rank 0. Costs
+            nothing outside the window; inside it one event per phase boundary, and one synchronize at its end.
 
     Raises:
         ValueError: For a negative ``start_step``, ``num_steps < 1``, negative or repeated ``ranks``, overlapping
@@ -111,6 +120,7 @@ class ProfilerWindow(Callback):
         record_shapes: bool = False,
         torch_profiler: bool = False,
         trace_dir: str | None = None,
+        report: bool = True,
     ) -> None:
         starts = [] if start_step is None else [start_step] if isinstance(start_step, int) else list(start_step)
         if any(not isinstance(s, int) or s < 0 for s in starts):
@@ -146,8 +156,12 @@ class ProfilerWindow(Callback):
         self.record_shapes = record_shapes
         self.torch_profiler = torch_profiler
         self.trace_dir = trace_dir
+        self.report = report
         self.ranges = RangeStack(enabled=nvtx)
+        self.timer = StepTimer()
         self.trace_files: list[Path] = []
+        self.report_files: list[Path] = []
+        self.reports: list[dict] = []  # rank 0: the report of each window, as written to JSON
         self._step: int | None = None  # the optimizer step whose range is open
         self._window: tuple[int, int] | None = None  # the window being recorded
         self._profiling_here = False  # this rank opened the CUDA profiler / emit_nvtx / Kineto for the window
@@ -158,6 +172,7 @@ class ProfilerWindow(Callback):
         self._trainer: pl.Trainer | None = None
         self._rank = 0
         self._trace_dir = Path(trace_dir or "traces")
+        self._report_dir = Path("step_report")
         self._warned: set[str] = set()
 
     @property
@@ -176,9 +191,11 @@ class ProfilerWindow(Callback):
             )
         self._cuda = trainer.strategy.root_device.type == "cuda"
         self._trainer = trainer
-        if self.torch_profiler:
+        if self.torch_profiler or self.report:
             # trainer.log_dir is a collective under DDP: resolve it here, where every rank runs, not in the window.
-            self._trace_dir = Path(self.trace_dir) if self.trace_dir else Path(trainer.log_dir or ".") / "traces"
+            run_folder = Path(trainer.log_dir or ".")
+            self._trace_dir = Path(self.trace_dir) if self.trace_dir else run_folder / "traces"
+            self._report_dir = run_folder / "step_report"
         self._observer = _FetchObserver(trainer.profiler, self._on_fetch_start, self._on_fetch_end)
         trainer.profiler = self._observer
 
@@ -215,17 +232,24 @@ class ProfilerWindow(Callback):
                 self._open_window(trainer, window)
         self._step = step
         self.ranges.push(f"step {step}")
+        if self.timer.active:
+            self.timer.begin(step, "step")
 
     def _end_step(self, trainer: pl.Trainer) -> None:
         step = self._step
         closing = self._window is not None and step == self._window[1] - 1
+        if self.timer.active and step is not None:
+            self.timer.end_phases(step)
+            self.timer.end(step, "step")
         if closing and self._cuda and self._profiling_here:
             # Stop only once the window's work has run on the GPU, so its last kernels are in the capture.
             torch.cuda.synchronize(trainer.strategy.root_device)
         self.ranges.close_all()
         self._step = None
         if closing:
+            window = self._window
             self._close_window()
+            self._write_report(trainer, window)
             if self.exit_after and step == self.windows[-1][1] - 1:
                 rank_zero_info(f"profile: last window done at step {step}; stopping every rank here (exit_after)")
                 trainer.should_stop = True
@@ -237,9 +261,15 @@ class ProfilerWindow(Callback):
         if trainer is not None and trainer.training:
             self._begin_step(trainer)
             self.ranges.push("data")
+            self._mark("data", True)
 
     def _on_fetch_end(self) -> None:
         self.ranges.pop_if_top("data")
+        self._mark("data", False)
+
+    def _mark(self, phase: str, begin: bool) -> None:
+        if self.timer.active and self._step is not None:
+            self.timer.mark(self._step, phase, begin)
 
     @override
     def on_train_batch_start(
@@ -249,27 +279,35 @@ class ProfilerWindow(Callback):
             return
         self._begin_step(trainer)
         self.ranges.push("forward")
+        if self.timer.active and self._step is not None:
+            self.timer.add_images(self._step, batch)
+            self.timer.mark(self._step, "forward", True)
 
     @override
     def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         if self.enabled:
             self.ranges.pop_if_top("forward")
+            self._mark("forward", False)
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         if self.enabled:
             self.ranges.pop_if_top("forward")
+            self._mark("forward", False)
             self.ranges.push("backward")
+            self._mark("backward", True)
 
     @override
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.enabled:
             self.ranges.pop_if_top("backward")
+            self._mark("backward", False)
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         if self.enabled:
             self.ranges.push("optimizer")
+            self._mark("optimizer", True)
 
     @override
     def on_train_batch_end(
@@ -282,6 +320,16 @@ class ProfilerWindow(Callback):
         else:  # accumulating gradients: the step goes on with the next micro-batch
             while self.ranges.top() not in (None, f"step {self._step}"):
                 self.ranges.pop(self.ranges.top())  # type: ignore[arg-type]
+            if self.timer.active:
+                self.timer.end_phases(self._step)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A window cut short by the end of training: report the steps it holds. Every rank gets here at the same
+        # step (training ends together), so the report's gather is safe; after an exception it is not, and
+        # on_exception drops the timing instead.
+        if self._window is not None and self.timer.active and self._step is None:
+            self._write_report(trainer, self._window)
 
     # --- the window -----------------------------------------------------------------------------------
     def _open_window(self, trainer: pl.Trainer, window: tuple[int, int]) -> None:
@@ -289,11 +337,13 @@ class ProfilerWindow(Callback):
         self._rank = trainer.global_rank
         self._profiling_here = self.ranks is None or trainer.global_rank in self.ranks
         rank_zero_info(f"profile: window opens at step {window[0]} for {window[1] - window[0]} steps")
+        if self.report:  # every rank: the report covers all of them, whichever ranks capture the window
+            self.timer.start(trainer, window)
         if trainer.global_rank == 0 and not self.torch_profiler and not os.environ.get("CUDA_INJECTION64_PATH"):
             self._warn_once(
                 "uncaptured",
                 "profile: no Nsight tool is attached to this process (CUDA_INJECTION64_PATH is unset) and "
-                "profile.torch_profiler is off, so nothing records this window; launch under "
+                f"profile.torch_profiler is off, so nothing records this window{self._besides_report}; launch under "
                 "`nsys profile --capture-range=cudaProfilerApi ...` or `ncu --profile-from-start off ...`",
             )
         if not self._profiling_here:
@@ -335,6 +385,18 @@ class ProfilerWindow(Callback):
         if self._cuda:
             self._check(torch.cuda.cudart().cudaProfilerStop(), "cudaProfilerStop")
 
+    def _write_report(self, trainer: pl.Trainer, window: tuple[int, int] | None) -> None:
+        """Ends the window's timing and writes the report (rank 0) from every rank's summary; all ranks call it."""
+        if not self.timer.active or window is None:
+            return
+        summary = self.timer.finish(trainer)
+        name = f"rank{self._rank}_steps{window[0]}-{window[1] - 1}.pt.trace.json"
+        trace = next((p for p in self.trace_files if p.name == name), None)
+        written = self.timer.report(trainer, summary, self._report_dir, trace)
+        if written is not None:
+            self.reports.append(written[0])
+            self.report_files += written[1]
+
     def _export(self, kineto: Any, window: tuple[int, int]) -> None:
         self._trace_dir.mkdir(parents=True, exist_ok=True)
         final = self._trace_dir / f"rank{self._rank}_steps{window[0]}-{window[1] - 1}.pt.trace.json"
@@ -347,6 +409,7 @@ class ProfilerWindow(Callback):
     # --- cleanup --------------------------------------------------------------------------------------
     def close(self) -> None:
         """Closes every range, emit_nvtx, the Kineto profiler and the CUDA profiler window, whatever is open."""
+        self.timer.abort()
         self.ranges.close_all()
         self._step = None
         self._close_window(export=False)
@@ -361,6 +424,10 @@ class ProfilerWindow(Callback):
         if self._observer is not None and trainer.profiler is self._observer:
             trainer.profiler = self._observer.inner
         self._observer = None
+
+    @property
+    def _besides_report(self) -> str:
+        return " but the step report (profile.report)" if self.report else ""
 
     def _check(self, status: Any, call: str) -> None:
         code = int(getattr(status, "value", status))

@@ -7,7 +7,7 @@ import torch
 from lightning_fabric.utilities.data import _set_sampler_epoch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from prefetcher import IMAGENET_MEAN_255, IMAGENET_STD_255, DevicePrefetcher, SyntheticBatches
+from prefetcher import IMAGENET_MEAN_255, IMAGENET_STD_255, CopyEvents, DevicePrefetcher, SyntheticBatches
 
 #: The ImageNet statistics on the 0..1 scale, as torchvision documents them.
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
@@ -111,6 +111,16 @@ def test_iterating_twice_gives_the_same_epoch_again() -> None:
     assert len(first) == 5
 
 
+def test_copy_timing_is_off_by_default_and_inert_on_cpu() -> None:
+    batches = uint8_batches()
+    prefetcher = DevicePrefetcher(batches, "cpu")
+    assert prefetcher.timing is None
+    prefetcher.timing = []
+    out = list(prefetcher)
+    assert prefetcher.timing == []  # no streams, no events: the copy is part of the host's data wait
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(out, DevicePrefetcher(batches, "cpu"), strict=True))
+
+
 # --- SyntheticBatches --------------------------------------------------------------------------------------------
 def test_synthetic_batches() -> None:
     batches = SyntheticBatches(batch_size=6, image_size=12, num_classes=5, length=4, device="cpu", seed=3)
@@ -164,3 +174,21 @@ def test_cuda_synthetic_batches() -> None:
     images, targets = next(iter(batches))
     assert images.device.type == "cuda" and targets.device.type == "cuda"
     assert images.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pin", [True, False])
+def test_cuda_copy_timing_records_events_per_batch_on_the_side_stream(pin: bool) -> None:
+    batches = [(i.pin_memory(), t.pin_memory()) if pin else (i, t) for i, t in uint8_batches(count=4, size=64)]
+    prefetcher = DevicePrefetcher(batches, "cuda")
+    list(prefetcher)  # timing off: nothing recorded
+    timing: list[CopyEvents] = []
+    prefetcher.timing = timing
+    out = list(prefetcher)
+    torch.cuda.synchronize()
+    assert len(timing) == len(out) == 4
+    for record in timing:
+        assert record.pinned is pin and record.nbytes == 4 * 3 * 64 * 64 + 4 * 8
+        assert record.start.query() and record.copied.query() and record.done.query()
+        assert record.start.elapsed_time(record.copied) >= 0 and record.copied.elapsed_time(record.done) >= 0
+    assert [r.issued for r in timing] == sorted(r.issued for r in timing)

@@ -175,6 +175,7 @@ def test_nothing_captures_the_window_is_said_once(tmp_path, recorder):
         fit(tmp_path, ProfilerWindow(start_step=[1, 3], num_steps=1), max_steps=10)
     uncaptured = [w for w in record if "nothing records this window" in str(w.message)]
     assert len(uncaptured) == 1
+    assert "but the step report (profile.report)" in str(uncaptured[0].message)
 
 
 def test_exception_inside_the_window_closes_everything(tmp_path, recorder, monkeypatch):
@@ -277,3 +278,8 @@ def test_ddp_two_cpu_ranks_stop_together_and_write_one_trace_each(tmp_path):
         events = json.loads(trace.read_text())["traceEvents"]
         steps = [e["name"] for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("step ")]
         assert steps == ["step 3", "step 4"]
+    # The step report (profile.report, on by default) of both ranks, written once, by rank 0, beside the traces.
+    (report,) = tmp_path.rglob("step_report/window_3-4.json")
+    assert report.parent.parent == next(tmp_path.rglob("traces")).parent
+    ranks = json.loads(report.read_text())["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["source"] == "host+kineto" for r in ranks)

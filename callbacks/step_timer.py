@@ -1,0 +1,282 @@
+"""Phase timing inside a profiling window: host clock and CUDA events, the prefetcher's copies, one report per window.
+
+:class:`ProfilerWindow` drives a :class:`StepTimer` at the same points where it opens and closes its NVTX ranges,
+and only while a window is open: outside the window nothing is recorded and nothing synchronizes. Inside it each
+boundary costs a ``perf_counter`` call and, on CUDA, one event recorded on the compute stream (no sync); the
+prefetcher records three events per batch on its side stream. At the window's end the timer synchronizes once, turns
+the events into per-step phase times on both clocks, gathers every rank's summary to rank 0 (one collective, reached
+by every rank at the same step) and rank 0 writes the report (``step_report.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.distributed as dist
+from pytorch_lightning.utilities import rank_zero_info
+
+import step_report
+from prefetcher import CopyEvents, DevicePrefetcher, SyntheticBatches
+
+BEGIN, END = True, False
+
+
+def find_prefetchers(loaders: Any) -> list[DevicePrefetcher]:
+    """The :class:`DevicePrefetcher` objects among ``trainer.train_dataloader`` (one loader, a list or a dict)."""
+    if isinstance(loaders, DevicePrefetcher):
+        return [loaders]
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        return [p for item in loaders for p in find_prefetchers(item)]
+    return []
+
+
+def batch_size(batch: Any) -> int | None:
+    """Images in a batch: the length of its first tensor."""
+    while isinstance(batch, (list, tuple)) and batch:
+        batch = batch[0]
+    if isinstance(batch, dict) and batch:
+        return batch_size(next(iter(batch.values())))
+    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.dim() > 0 else None
+
+
+class StepTimer:
+    """Records phase boundaries of the steps of one window and turns them into a rank summary.
+
+    Marks are ``(step, name, begin?, host seconds, CUDA event or None)``; ``name`` is ``step`` or a phase of
+    :data:`step_report.RANGE_PHASES`. A phase may open and close several times in a step (gradient accumulation).
+    """
+
+    def __init__(self) -> None:
+        self.clock = time.perf_counter  # host clock in seconds (a test may substitute its own)
+        self.active = False
+        self.window: tuple[int, int] | None = None
+        self._cuda = False
+        self._device: torch.device | None = None
+        self._marks: list[tuple[int, str, bool, float, Any]] = []
+        self._open: set[str] = set()
+        self._images: dict[int, int | None] = {}
+        self._copies: list[CopyEvents] = []
+        self._prefetchers: list[DevicePrefetcher] = []
+        self._input = "other"
+
+    # --- recording (inside the window only) ------------------------------------------------------------
+    def start(self, trainer: pl.Trainer, window: tuple[int, int]) -> None:
+        """Starts recording for ``window`` (``[first step, end)``) and switches the prefetchers' copy timing on."""
+        self.abort()
+        self.active, self.window = True, window
+        self._device = trainer.strategy.root_device
+        self._cuda = self._device.type == "cuda"
+        loaders = trainer.train_dataloader
+        # What feeds the steps: copies are measured for the prefetcher; synthetic batches live on the device already.
+        self._input = "on-device" if isinstance(loaders, SyntheticBatches) else "other"
+        if self._cuda:
+            self._prefetchers = find_prefetchers(loaders)
+            for prefetcher in self._prefetchers:
+                prefetcher.timing = self._copies
+        if find_prefetchers(loaders):
+            self._input = "prefetcher"
+
+    def mark(self, step: int, name: str, begin: bool) -> None:
+        """A phase boundary now: host time and, on CUDA, an event on the current (compute) stream."""
+        if begin:
+            self._open.add(name)
+        elif name in self._open:
+            self._open.discard(name)
+        else:
+            return  # closing what is not open (the hook order repeats a pop): nothing to record
+        event = None
+        if self._cuda:
+            event = self.new_event()
+            event.record()
+        self._marks.append((step, name, begin, self.clock(), event))
+
+    def new_event(self) -> Any:
+        """A timing CUDA event (a test may substitute its own)."""
+        return torch.cuda.Event(enable_timing=True)
+
+    def synchronize(self) -> None:
+        """Waits for all work on the device: the window's one sync (a test may substitute its own)."""
+        torch.cuda.synchronize(self._device)
+
+    def begin(self, step: int, name: str) -> None:
+        self.mark(step, name, BEGIN)
+
+    def end(self, step: int, name: str) -> None:
+        self.mark(step, name, END)
+
+    def end_phases(self, step: int) -> None:
+        """Closes every open phase (not the step): the end of a micro-batch or of the step."""
+        for name in [n for n in step_report.RANGE_PHASES if n in self._open]:
+            self.mark(step, name, END)
+
+    def add_images(self, step: int, batch: Any) -> None:
+        count = batch_size(batch)
+        previous = self._images.get(step, 0)
+        self._images[step] = None if count is None or previous is None else previous + count
+
+    def abort(self) -> None:
+        """Stops recording and drops what was recorded (an exception, or a fresh window)."""
+        for prefetcher in self._prefetchers:
+            prefetcher.timing = None
+        self._prefetchers = []
+        self.active = False
+        self._marks, self._copies, self._images, self._open = [], [], {}, set()
+
+    # --- the window's end -------------------------------------------------------------------------------
+    def finish(self, trainer: pl.Trainer) -> dict:
+        """Stops recording, synchronizes once and returns this rank's summary (see ``step_report.build_report``)."""
+        for prefetcher in self._prefetchers:
+            prefetcher.timing = None  # before the sync: a copy issued after it would still be in flight
+        marks, copies, images = self._marks, list(self._copies), self._images
+        window = self.window
+        cuda = self._cuda
+        offset = 0.0
+        if cuda:
+            self.synchronize()
+            # The GPU clock onto the host's: with the device idle an event completes as soon as it is recorded.
+            anchor = self.new_event()
+            host_anchor = self.clock()
+            anchor.record()
+            anchor.synchronize()
+        self.abort()
+        host = [m[3] * 1000 for m in marks]
+        gpu: list[float] | None = None
+        if cuda and marks:
+            reference = marks[0][4]
+            gpu = [reference.elapsed_time(m[4]) for m in marks]
+            offset = host_anchor * 1000 - reference.elapsed_time(anchor)  # host ms of the reference event
+        steps = _steps(marks, host, gpu, images, offset)
+        summary: dict[str, Any] = {
+            "rank": trainer.global_rank,
+            "device": str(self._device),
+            "source": "events" if cuda else "host",
+            "window": [window[0], window[1] - 1] if window else None,
+            "steps": [s["row"] for s in steps],
+            "wall_ms": round(steps[-1]["host"][1] - steps[0]["host"][0], 4) if steps else 0.0,
+            "gpu_busy": None,
+            "gpu_busy_source": None,
+            "copies": None,
+            "input": self._input,
+        }
+        if steps:
+            summary["window"] = [steps[0]["row"]["step"], steps[-1]["row"]["step"]]
+        if gpu is not None and steps:
+            span = steps[-1]["gpu"][1] - steps[0]["gpu"][0]
+            stalled = sum(s["row"]["gpu"]["data"] for s in steps)
+            stalled += sum(max(0.0, b["gpu"][0] - a["gpu"][1]) for a, b in zip(steps, steps[1:], strict=False))
+            summary["gpu_busy"] = round(max(0.0, 1 - stalled / span), 4) if span > 0 else None
+            summary["gpu_busy_source"] = "events" if span > 0 else None
+            # Until the GPU reaches the window's first event it still runs the steps before the window: compute too.
+            backlog = (host[0] - offset, 0.0)
+            summary["copies"] = _copies(copies, marks[0][4], steps, backlog)
+        return summary
+
+    def report(
+        self, trainer: pl.Trainer, summary: dict, folder: Path, trace: Path | None = None
+    ) -> tuple[dict, list[Path]] | None:
+        """Adds kernel-level figures from this rank's Kineto trace, gathers every rank's summary on rank 0 and
+        writes the report there; returns it and its files on rank 0 (``None`` elsewhere). Every rank must call it."""
+        if trace is not None and trace.is_file():
+            try:
+                exact = step_report.summarize_trace(step_report.load_trace(trace), rank=summary["rank"])
+            except (ValueError, KeyError, OSError) as error:
+                rank_zero_info(f"profile: step report: the Kineto trace {trace} is not usable ({error})")
+            else:
+                summary["source"] += "+kineto"
+                if exact["gpu_busy"] is not None:
+                    summary["gpu_busy"], summary["gpu_busy_source"] = exact["gpu_busy"], "kineto"
+                if exact["copies"] is not None:
+                    summary["copies"] = exact["copies"]
+        summaries = [summary]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+            dist.gather_object(summary, gathered, dst=0)
+            summaries = gathered or []
+        if trainer.global_rank != 0:
+            return None
+        result = step_report.build_report(summaries)
+        files = step_report.write_report(result, folder)
+        rank_zero_info("profile: " + "\n".join(step_report.summary_lines(result)))
+        rank_zero_info(f"profile: step report written to {folder} ({', '.join(p.name for p in files)})")
+        return result, files
+
+
+def _steps(marks: list, host: list[float], gpu: list[float] | None, images: dict, offset: float) -> list[dict]:
+    """Per step: the step's interval and its phase times on each clock, from the marks."""
+    by_step: dict[int, list[int]] = {}
+    for i, mark in enumerate(marks):
+        by_step.setdefault(mark[0], []).append(i)
+    out = []
+    for step, indices in sorted(by_step.items()):
+        row: dict[str, Any] = {"step": step, "images": images.get(step), "h2d": None, "lag": None}
+        entry: dict[str, Any] = {"row": row}
+        for clock, times in (("host", host), ("gpu", gpu)):
+            if times is None:
+                row[clock] = None
+                continue
+            intervals = _intervals([marks[i] for i in indices], [times[i] for i in indices])
+            if intervals is None:
+                break  # the step never ended (cannot happen at a window's end): leave it out
+            entry[clock] = intervals[0]
+            row[clock] = {k: round(v, 4) for k, v in step_report.phase_times(*intervals).items()}
+            entry[f"{clock}_phases"] = intervals[1]
+        else:
+            if gpu is not None:
+                end = indices[-1]  # the step's end mark: when the GPU got there vs when the host recorded it
+                row["lag"] = round(max(0.0, offset + gpu[end] - host[end]), 4)
+            out.append(entry)
+    return out
+
+
+def _intervals(marks: list, times: list[float]) -> tuple[tuple[float, float], dict[str, list]] | None:
+    step: list[float] = []
+    phases: dict[str, list[tuple[float, float]]] = {}
+    opened: dict[str, float] = {}
+    for (_, name, begin, _, _), t in zip(marks, times, strict=True):
+        if name == "step":
+            step.append(t)
+        elif begin:
+            opened[name] = t
+        elif name in opened:
+            phases.setdefault(name, []).append((opened.pop(name), t))
+    if len(step) != 2:
+        return None
+    return (step[0], step[1]), phases
+
+
+def _copies(copies: list[CopyEvents], reference: Any, steps: list[dict], backlog: tuple[float, float]) -> dict | None:
+    """Copy statistics of the window: H2D time on the side stream and its part inside the compute spans.
+
+    Compute spans are each step's forward start..step end on the compute stream, and ``backlog``: the work queued
+    before the window, from the host's first mark (on the GPU clock) until the GPU reached it.
+    """
+    if not copies:
+        return None
+    compute = [backlog]
+    for s in steps:
+        forward = s["gpu_phases"].get("forward")
+        compute.append((forward[0][0] if forward else s["gpu"][0], s["gpu"][1]))
+    starts = [s["host"][0] for s in steps]
+    total = inside = 0.0
+    done = []
+    for c in copies:
+        if not (c.start.query() and c.copied.query() and c.done.query()):
+            continue  # issued after the window's sync by the decode thread: not part of this window
+        interval = (reference.elapsed_time(c.start), reference.elapsed_time(c.copied))
+        t, o = step_report.overlap([interval], compute)
+        total, inside = total + t, inside + o
+        done.append(c)
+        # The step whose host time the copy was issued in (side-stream time: not part of the step's sum).
+        index = max((i for i, a in enumerate(starts) if a <= c.issued * 1000), default=None)
+        if index is not None:
+            row = steps[index]["row"]
+            row["h2d"] = round((row["h2d"] or 0.0) + interval[1] - interval[0], 4)
+    pinned = sum(c.pinned is True for c in done)
+    pageable = sum(c.pinned is False for c in done)
+    return step_report.copy_stats(total, inside, pinned, pageable, len(done), "events")

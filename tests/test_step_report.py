@@ -1,0 +1,335 @@
+"""step_report.py: interval arithmetic, phase sums, overlap, stragglers, the verdict, a handcrafted Kineto trace, the
+writers (JSON, Markdown, PNG; atomic) and the command line, all with known answers; a real CUDA window under ``-m gpu``.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from PIL import Image
+
+import shapes_dataset
+import step_report
+from callbacks import ProfilerWindow
+from datamodule import ImageNetDataModule
+from imagenet_module import ImageNetClassifier
+from step_report import build_report, overlap, phase_times, summarize_trace, union, verdict
+
+
+# --- interval arithmetic -----------------------------------------------------------------------------------------
+def test_overlap_of_a_copy_with_compute_is_the_shared_part():
+    assert overlap([(0, 10)], [(5, 20)]) == (10, 5)  # half the copy overlaps
+    assert overlap([(0, 10)], [(20, 30)]) == (10, 0)
+    assert overlap([(0, 10)], [(-5, 50)]) == (10, 10)
+    # Overlapping cover intervals count once; several copies add up; empty copies are ignored.
+    assert overlap([(0, 10), (30, 40), (50, 50)], [(2, 4), (3, 6), (8, 35)]) == (20, 4 + 2 + 5)
+
+
+def test_union_merges_and_drops_empty_intervals():
+    assert union([(5, 7), (0, 2), (1, 3), (7, 9), (4, 4)]) == [(0, 3), (5, 9)]
+    assert step_report.length([(0, 2), (1, 3), (10, 11)]) == 4
+
+
+def test_phase_times_sum_to_the_step_with_other_as_the_rest():
+    times = phase_times(
+        (100.0, 200.0),
+        {
+            "data": [(100, 110), (140, 145)],  # gradient accumulation: two micro-batches
+            "forward": [(110, 130), (145, 160)],
+            "backward": [(130, 140), (160, 180)],
+            "optimizer": [(182, 198)],
+        },
+    )
+    assert times == {"data": 15, "forward": 35, "backward": 30, "optimizer": 16, "other": 4, "total": 100}
+    assert sum(times[p] for p in step_report.PHASES) == times["total"]
+    # Parts outside the step are clipped, and a missing phase is zero.
+    assert phase_times((0, 10), {"data": [(-5, 3)]}) == {
+        "data": 3, "forward": 0, "backward": 0, "optimizer": 0, "other": 7, "total": 10,
+    }  # fmt: skip
+
+
+# --- rank summaries, stragglers, verdict ------------------------------------------------------------------------
+def rank_summary(rank: int = 0, steps: int = 4, data: float = 0.1, forward: float = 30.0, gpu: bool = True,
+                 copies: dict | None = None, busy: float | None = 0.98, lag: float | None = 40.0) -> dict:  # fmt: skip
+    """A rank summary of ``steps`` identical 100 ms steps (backward absorbs the rest, like DDP's all-reduce wait)."""
+    host = {"data": data, "forward": forward, "backward": 100 - data - forward - 12, "optimizer": 10, "other": 2}
+    host["total"] = 100.0
+    rows = [
+        {"step": 20 + i, "images": 256, "host": dict(host), "gpu": dict(host) if gpu else None, "h2d": 3.0,
+         "lag": lag if gpu else None}
+        for i in range(steps)
+    ]  # fmt: skip
+    if copies is None and gpu:
+        copies = step_report.copy_stats(40.0, 39.84, pinned=4, pageable=0, count=4, source="events")
+    return {
+        "rank": rank, "device": "cuda:0" if gpu else "cpu", "source": "events" if gpu else "host",
+        "window": [20, 20 + steps - 1], "steps": rows, "wall_ms": 100.0 * steps,
+        "gpu_busy": busy if gpu else None, "gpu_busy_source": "events" if gpu else None, "copies": copies,
+    }  # fmt: skip
+
+
+def test_report_of_a_hidden_prefetch_says_so_in_one_line():
+    report = build_report([rank_summary()])
+    assert report["verdict"] == "prefetch hidden: 99.6% overlapped, pinned, data wait 0.1%"
+    assert report["findings"] == []
+    o = report["overall"]
+    assert o["images_per_s"] == 2560.0  # 4 x 256 images in 0.4 s
+    assert o["step_ms"] == 100.0
+    assert o["gpu_pct"] == {"data": 0.1, "forward": 30.0, "backward": 57.9, "optimizer": 10.0, "other": 2.0}
+    assert o["copies"]["overlap"] == 0.996
+    assert report["stragglers"] == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"data": 20.0}, "input-bound: data wait is 20.0% of the step; more data.workers or data.decode gpu"),
+        ({"copies": step_report.copy_stats(40, 10, 0, 4, 4, "kineto")}, "copies are pageable (4 of 4): enable pin_m"),
+        ({"copies": step_report.copy_stats(40, 10, 4, 0, 4, "kineto")}, "copies serialize with compute: 25.0% of"),
+        ({"lag": 0.05}, "host-bound: the GPU finishes each step 0.05 ms after the host issues it"),
+        ({"gpu": False}, "CPU run: GPU times and copy overlap unavailable; data wait 0.1%"),
+    ],
+)
+def test_verdict_names_what_to_change(kwargs, expected):
+    report = build_report([rank_summary(**kwargs)])
+    assert expected in report["verdict"], report["verdict"]
+
+
+def test_verdict_host_bound_from_an_exact_busy_fraction():
+    summary = rank_summary(busy=0.55)
+    summary["gpu_busy_source"] = "kineto"
+    line = build_report([summary])["verdict"]
+    hidden = "prefetch hidden: 99.6% overlapped, pinned, data wait 0.1%"
+    assert line.startswith(f"{hidden}; host-bound: the GPU is busy 55.0% of the window with no input stall")
+    findings, line = verdict({"cuda": True, "copies": None, "data_pct_max": 0.0, "input": "on-device"})
+    assert line == "no host-to-device copies (data already on the device); data wait 0%" and findings == []
+    _, line = verdict({"cuda": True, "copies": None, "data_pct_max": 0.0, "input": "other"})
+    assert line.startswith("copies not measured (the loader is not a DevicePrefetcher: use profile.torch_profiler)")
+
+
+def test_a_slow_rank_is_flagged_with_the_phase_that_makes_it_slow():
+    ranks = [rank_summary(rank=r) for r in range(4)]
+    ranks[2] = rank_summary(rank=2, data=12.1)  # 12 ms more data wait; its backward (all-reduce wait) is shorter
+    report = build_report(ranks)
+    assert [s["rank"] for s in report["stragglers"]] == [2]
+    (slow,) = report["stragglers"]
+    assert slow["phase"] == "data" and slow["phase_excess_ms"] == pytest.approx(12.0)
+    assert slow["excess_ms"] == pytest.approx(12.0) and slow["excess_pct"] == 12.0  # of the 100 ms step
+    assert report["overall"]["images_per_s"] == 4 * 2560.0
+    assert report["findings"] == [
+        "input-bound: data wait is 12.1% of the step (rank 2); more data.workers or data.decode gpu",
+        "straggler: rank 2 spends 12.00 ms (12.0% of a step) longer than the other ranks outside the synchronized "
+        "phases (data +12.00 ms); the others wait for it in forward/backward",
+    ]
+    # Forward holds DDP's buffer broadcast, where fast ranks wait: not a straggler sign. Below 5% of a step: noise.
+    ranks[2] = rank_summary(rank=2, forward=45.0)
+    assert build_report(ranks)["stragglers"] == []
+    ranks[2] = rank_summary(rank=2, data=4.0)
+    assert build_report(ranks)["stragglers"] == []
+    # Two ranks: each is compared with the other, so the whole difference counts.
+    (slow,) = build_report([rank_summary(rank=0), rank_summary(rank=1, data=6.1)])["stragglers"]
+    assert slow["rank"] == 1 and slow["excess_ms"] == pytest.approx(6.0)
+
+
+# --- Kineto trace ------------------------------------------------------------------------------------------------
+def _x(name, cat, ts, dur, tid=1, **args):  # noqa: ANN001, ANN003
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
+
+
+def handmade_trace() -> dict:
+    """Two steps (us): step 10 at 0..100, step 11 at 100..200, compute on stream 7, copies on side stream 20."""
+    events = [_x("step 10", "user_annotation", 0, 100), _x("step 11", "user_annotation", 100, 100)]
+    for base, spans in ((0, (10, 30, 40, 15)), (100, (30, 20, 30, 15))):
+        t = base
+        for name, dur in zip(("data", "forward", "backward", "optimizer"), spans, strict=True):
+            events.append(_x(name, "user_annotation", t, dur))
+            t += dur
+    launches = [  # (correlation, launch ts, launching thread, activity)
+        (1, 5, 1, _x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 5, 20, stream=20)),
+        (2, 6, 1, _x("normalize_kernel", "kernel", 25, 5, stream=20)),
+        (3, 12, 1, _x("conv_fwd", "kernel", 15, 20, stream=7)),
+        (4, 30, 1, _x("bn_fwd", "kernel", 35, 10, stream=7)),
+        (5, 42, 2, _x("conv_bwd", "kernel", 45, 30, stream=7)),  # launched from autograd's thread
+        (6, 82, 1, _x("sgd", "kernel", 82, 10, stream=7)),
+        (11, 93, 1, _x("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 93, 1, stream=7, bytes=4)),  # a scalar
+        (7, 105, 1, _x("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 120, 20, stream=20)),
+        (8, 131, 1, _x("conv_fwd", "kernel", 132, 10, stream=7)),
+        (9, 151, 2, _x("conv_bwd", "kernel", 152, 20, stream=7)),
+        (10, 181, 1, _x("sgd", "kernel", 182, 8, stream=7)),
+    ]
+    for correlation, ts, tid, activity in launches:
+        events.append(_x("cudaLaunchKernel", "cuda_runtime", ts, 1, tid=tid, correlation=correlation))
+        activity["args"]["correlation"] = correlation
+        events.append(activity)
+    events.append(_x("step 10", "gpu_user_annotation", 15, 77))  # not a host range: ignored
+    events.append(_x("aten::conv2d", "cpu_op", 12, 3))
+    return {"traceEvents": events, "distributedInfo": {"rank": 3}}
+
+
+def test_kineto_trace_gives_known_phases_overlap_and_busy_fraction():
+    summary = summarize_trace(handmade_trace(), batch_size=8)
+    assert summary["rank"] == 3 and summary["window"] == [10, 11] and summary["source"] == "kineto"
+    s10, s11 = summary["steps"]
+    assert s10["host"] == {"data": 0.01, "forward": 0.03, "backward": 0.04, "optimizer": 0.015, "other": 0.005,
+                           "total": 0.1}  # fmt: skip
+    assert s11["host"]["data"] == 0.03 and s11["host"]["total"] == 0.1
+    # GPU: data is the wait before the first compute kernel, phases are kernel time, other the rest of the span.
+    assert s10["gpu"] == {"data": 0.015, "forward": 0.03, "backward": 0.03, "optimizer": 0.01, "other": 0.007,
+                          "total": 0.092}  # fmt: skip
+    assert s11["gpu"] == {"data": 0.04, "forward": 0.01, "backward": 0.02, "optimizer": 0.008, "other": 0.02,
+                          "total": 0.098}  # fmt: skip
+    assert s10["h2d"] == s11["h2d"] == 0.02
+    assert s10["images"] == s11["images"] == 8
+    copies = summary["copies"]
+    assert copies["count"] == 2 and copies["pinned"] == 1 and copies["pageable"] == 1
+    # The first copy starts before the trace's first kernel (it may overlap kernels launched before the trace): left
+    # out. The second, 120..140 us, overlaps conv_fwd on stream 7 at 132..142 for 8 us.
+    assert copies["time_ms"] == 0.02 and copies["overlapped_ms"] == 0.008 and copies["overlap"] == 0.4
+    # Kernels on all streams, 15..75, 82..92, 132..142, 152..172, 182..190 = 108 us of the 0..190 us span.
+    assert summary["gpu_busy"] == round(108 / 190, 4) and summary["gpu_busy_source"] == "kineto"
+    assert summary["wall_ms"] == 0.2
+    report = build_report([summary])
+    assert report["findings"][0] == "copies are pageable (1 of 2): enable pin_memory in the DataLoader"
+    assert report["findings"][1].startswith("input-bound: data wait is 20.0% of the step")
+
+
+def test_trace_without_step_ranges_is_refused():
+    with pytest.raises(ValueError, match="no 'step N' ranges"):
+        summarize_trace({"traceEvents": [_x("conv", "kernel", 0, 5, stream=7)]})
+
+
+# --- writers and command line ------------------------------------------------------------------------------------
+def test_write_report_writes_json_markdown_and_a_valid_png_atomically(tmp_path):
+    ranks = [rank_summary(rank=0), rank_summary(rank=1, data=12.1)]
+    report = build_report(ranks)
+    paths = step_report.write_report(report, tmp_path / "step_report")
+    assert [p.name for p in paths] == ["window_20-23.json", "window_20-23.md", "window_20-23.png"]
+    assert json.loads(paths[0].read_text())["verdict"] == report["verdict"]
+    text = paths[1].read_text()
+    assert report["verdict"] in text and "| 1 | host |" in text and "## Ranks" in text
+    data = paths[2].read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+    with Image.open(paths[2]) as image:
+        image.load()
+        assert image.format == "PNG" and image.size[0] == 960
+        colors = {c for _, c in image.getcolors(1 << 16)}
+    assert (214, 39, 40) in colors and (31, 119, 180) in colors  # data and forward bars are drawn
+    assert sorted(p.name for p in (tmp_path / "step_report").iterdir()) == sorted(p.name for p in paths)  # no temps
+
+
+def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    target = tmp_path / "r.json"
+    target.write_text("old")
+
+    def boom(*_):  # noqa: ANN002
+        raise OSError("disk full")
+
+    monkeypatch.setattr(step_report.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        step_report.write_atomic(target, b"new")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_command_line_reports_every_window_of_a_run_folder(tmp_path, capsys):
+    traces = tmp_path / "run" / "traces"
+    traces.mkdir(parents=True)
+    (tmp_path / "run" / "config.yaml").write_text("data:\n  batch_size: 8\n  workers: 4\n")
+    (traces / "rank0_steps10-11.pt.trace.json").write_text(json.dumps(handmade_trace()))
+    with gzip.open(traces / "rank1_steps10-11.pt.trace.json.gz", "wt") as handle:
+        json.dump(handmade_trace(), handle)
+    assert step_report.main([str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "steps 10-11, 2 rank(s)" in out and "verdict: copies are pageable (2 of 4)" in out
+    report = json.loads((tmp_path / "run" / "step_report" / "window_10-11.kineto.json").read_text())
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert report["ranks"][0]["steps"][0]["images"] == 8  # from the run's config.yaml
+    # Now the folder also holds a report: the command prints it too (reports made from traces are not re-read).
+    written = tmp_path / "run" / "step_report" / "window_10-11.json"
+    written.write_text(json.dumps(build_report([rank_summary()])))
+    assert step_report.main([str(tmp_path / "run"), "--out", str(tmp_path / "elsewhere")]) == 0
+    out = capsys.readouterr().out
+    assert "steps 20-23" in out and f"from: {written}" in out
+    assert (tmp_path / "elsewhere" / "window_10-11.kineto.png").is_file()
+    (tmp_path / "empty").mkdir()
+    assert step_report.main([str(tmp_path / "empty")]) == 1
+    with pytest.raises(SystemExit, match="neither a run folder"):
+        step_report.main([str(tmp_path / "run" / "config.yaml")])
+
+
+def test_report_survives_json_round_trip_and_rank_order():
+    ranks = [rank_summary(rank=1), rank_summary(rank=0)]
+    report = build_report(copy.deepcopy(ranks))
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert json.loads(json.dumps(report)) == report
+    assert step_report.summary_lines(report)[0] == "step report, steps 20-23, 2 rank(s):"
+
+
+# --- GPU ---------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("torch_profiler", [False, True])
+def test_gpu_window_reports_gpu_times_pinned_copies_and_overlap(tmp_path: Path, torch_profiler: bool):
+    # 1000 images, 15 batches an epoch: the prefetcher copies two batches ahead, so every window step issues a copy.
+    root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=100, val_per_class=2, image_size=80)
+    data = ImageNetDataModule(root=str(root), batch_size=64, workers=4, crop_size=160, channels_last=True)
+    model = ImageNetClassifier(arch="resnet50", num_classes=10, batch_size=64, channels_last=True)
+    window = ProfilerWindow(start_step=3, num_steps=3, torch_profiler=torch_profiler)
+    trainer = pl.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=20, limit_val_batches=0,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         default_root_dir=str(tmp_path / "run"), callbacks=[window])  # fmt: skip
+    trainer.fit(model, data)
+    (report,) = window.reports
+    print("\n".join(step_report.summary_lines(report)))
+    (rank,) = report["ranks"]
+    assert [s["step"] for s in rank["steps"]] == [3, 4, 5]
+    for s in rank["steps"]:
+        assert s["images"] == 64 and s["gpu"]["total"] > 0 and s["gpu"]["backward"] > 0 and s["lag"] is not None
+        assert sum(s["gpu"][p] for p in step_report.PHASES) == pytest.approx(s["gpu"]["total"], abs=1e-3)
+        assert s["h2d"] is not None and s["h2d"] > 0
+    copies = report["overall"]["copies"]
+    assert copies["count"] >= 3 and copies["pinned"] == copies["count"] and copies["pageable"] == 0
+    assert 0.0 <= copies["overlap"] <= 1.0
+    assert 0.0 < report["overall"]["gpu_busy"] <= 1.0
+    assert rank["source"] == ("events+kineto" if torch_profiler else "events")
+    assert copies["source"] == ("kineto" if torch_profiler else "events")
+    assert sorted(p.name for p in (tmp_path / "run" / "step_report").iterdir()) == [
+        "window_3-5.json", "window_3-5.md", "window_3-5.png",
+    ]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_two_gpu_ddp_report_holds_both_ranks_with_gpu_times(tmp_path: Path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    # 2000 images, 15 batches per rank and epoch: the window (steps 5-8) stays inside the first epoch.
+    root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=200, val_per_class=2, image_size=80)
+    repo = Path(__file__).resolve().parent.parent
+    cmd = [
+        sys.executable, "train.py", "fit", "--data.root", str(root), "--data.workers", "4",
+        "--data.batch_size", "64", "--data.crop_size", "160", "--model.arch", "resnet50",
+        "--model.channels_last", "true", "--trainer.precision", "bf16-mixed", "--trainer.accelerator", "gpu",
+        "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_steps", "30",
+        "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
+        "--profile.start_step", "5", "--profile.num_steps", "4",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=repo, env=dict(os.environ), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = tmp_path.rglob("step_report/window_5-8.json")
+    report = json.loads(path.read_text())
+    print("\n".join(step_report.summary_lines(report)))
+    assert report["world_size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
+    for rank in report["ranks"]:
+        assert rank["device"] == f"cuda:{rank['rank']}" and [s["step"] for s in rank["steps"]] == [5, 6, 7, 8]
+        assert all(s["gpu"]["total"] > 0 and s["images"] == 64 for s in rank["steps"])
+        assert rank["copies"]["pinned"] == rank["copies"]["count"] >= 4 and 0 <= rank["copies"]["overlap"] <= 1
+    assert report["overall"]["images_per_s"] > 0 and path.with_suffix(".png").stat().st_size > 1000

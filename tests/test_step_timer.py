@@ -1,0 +1,293 @@
+"""StepTimer and ProfilerWindow's step report: known-answer timings (host clock and stand-in CUDA events), reports
+written by real CPU Trainers (one row per window step, accumulation, cut-short and repeated windows, exceptions), and
+two-process CPU DDP with a slow rank flagged on rank 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+import step_report
+from callbacks import ProfilerWindow
+from callbacks.step_timer import StepTimer, batch_size, find_prefetchers
+from datamodule import ImageNetDataModule
+from imagenet_module import ImageNetClassifier
+from prefetcher import CopyEvents, DevicePrefetcher
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- known answers without a GPU -----------------------------------------------------------------------------------
+class FakeDevice:
+    """A host clock and a GPU clock the test sets; events record the GPU clock (milliseconds)."""
+
+    def __init__(self) -> None:
+        self.host_ms = 0.0
+        self.gpu_ms = 0.0
+
+    def at(self, host_ms: float, gpu_ms: float | None = None) -> None:
+        self.host_ms, self.gpu_ms = host_ms, self.gpu_ms if gpu_ms is None else gpu_ms
+
+    def clock(self) -> float:
+        return self.host_ms / 1000
+
+    def event(self, gpu_ms: float | None = None) -> FakeEvent:
+        event = FakeEvent(self)
+        if gpu_ms is not None:
+            event.t = gpu_ms
+        return event
+
+
+class FakeEvent:
+    def __init__(self, device: FakeDevice) -> None:
+        self.device, self.t = device, None
+
+    def record(self, stream=None) -> None:  # noqa: ANN001
+        self.t = self.device.gpu_ms
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return end.t - self.t
+
+    def query(self) -> bool:
+        return self.t is not None
+
+    def synchronize(self) -> None:
+        pass
+
+
+def fake_trainer(device: str, loader: object = None) -> SimpleNamespace:
+    return SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)), global_rank=0,
+                           train_dataloader=loader)  # fmt: skip
+
+
+def phases(*ms: float) -> object:
+    """Phase times in the order data, forward, backward, optimizer, other, total, for an approximate comparison."""
+    return pytest.approx(dict(zip((*step_report.PHASES, "total"), ms, strict=True)))
+
+
+def run_step(timer: StepTimer, fake: FakeDevice, step: int, times: list[tuple[float, float]], images: int = 4):
+    """One step's boundaries at ``times`` = (host ms, GPU ms) for: start, data end, forward end, backward end, end."""
+    batch = (torch.zeros(images, 3, 2, 2), torch.zeros(images))
+    fake.at(*times[0])
+    timer.begin(step, "step")
+    timer.begin(step, "data")
+    fake.at(*times[1])
+    timer.end(step, "data")
+    timer.add_images(step, batch)
+    timer.begin(step, "forward")
+    fake.at(*times[2])
+    timer.end(step, "forward")
+    timer.begin(step, "backward")
+    fake.at(*times[3])
+    timer.end(step, "backward")
+    timer.begin(step, "optimizer")
+    fake.at(*times[4])
+    timer.end_phases(step)
+    timer.end(step, "step")
+
+
+def test_events_give_known_phase_times_lag_busy_fraction_and_copy_overlap():
+    fake = FakeDevice()
+    timer = StepTimer()
+    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    prefetcher = DevicePrefetcher([], "cpu")
+    trainer = fake_trainer("cuda:0", loader=[prefetcher])
+    timer.start(trainer, (0, 2))
+    assert prefetcher.timing is not None
+    # The copy of a batch on the side stream: GPU 0..6 ms (pinned), then one at 24..28 ms (pageable).
+    prefetcher.timing.append(CopyEvents(fake.event(0), fake.event(6), fake.event(7), 0.0005, True, 100))
+    run_step(timer, fake, 0, [(0, 1), (2, 3), (4, 10), (6, 20), (7, 24)])
+    prefetcher.timing.append(CopyEvents(fake.event(24), fake.event(28), fake.event(29), 0.0085, False, 100))
+    run_step(timer, fake, 1, [(8, 26), (9, 27), (10, 30), (11, 40), (12, 42)])
+    fake.at(30, 30)  # the window's end: the device is idle, both clocks read 30 ms
+    summary = timer.finish(trainer)
+    assert prefetcher.timing is None and not timer.active
+    s0, s1 = summary["steps"]
+    assert s0["host"] == phases(2, 2, 2, 1, 0, 7) and s1["host"] == phases(1, 1, 1, 1, 0, 4)
+    assert s0["gpu"] == phases(2, 7, 10, 4, 0, 23) and s1["gpu"] == phases(1, 3, 10, 2, 0, 16)
+    # The GPU reaches the end of step 0 at 24 ms, 17 ms after the host recorded it at 7 ms; step 1: 42 - 12.
+    assert (s0["lag"], s1["lag"]) == pytest.approx((17, 30))
+    assert (s0["h2d"], s1["h2d"]) == pytest.approx((6, 4))
+    assert (s0["images"], s1["images"]) == (4, 4)
+    # Stalls: GPU data 2 + 1 ms and the 2 ms gap between the steps, of the 41 ms from 1 to 42.
+    assert summary["gpu_busy"] == round(36 / 41, 4) and summary["gpu_busy_source"] == "events"
+    # Copy 0..6 vs compute (forward start..step end) 3..24 and the backlog before the window (the host recorded the
+    # first event at 0, the GPU reached it at 1): 1 + 3 of 6 ms; copy 24..28 vs 27..42: 1 of 4 ms.
+    copies = summary["copies"]
+    assert copies["time_ms"] == pytest.approx(10) and copies["overlapped_ms"] == pytest.approx(5)
+    assert copies["overlap"] == pytest.approx(0.5)
+    assert (copies["count"], copies["pinned"], copies["pageable"]) == (2, 1, 1)
+    assert summary["wall_ms"] == pytest.approx(12) and summary["window"] == [0, 1] and summary["device"] == "cuda:0"
+    assert summary["input"] == "prefetcher"
+
+
+def test_host_clock_alone_on_cpu_with_gradient_accumulation():
+    fake = FakeDevice()
+    timer = StepTimer()
+    timer.clock = fake.clock
+    trainer = fake_trainer("cpu")
+    timer.start(trainer, (5, 6))
+    batch = (torch.zeros(3, 1), torch.zeros(3))
+    for host, action in [(0, "begin step"), (0, "begin data"), (1, "end data"), (1, "begin forward"),
+                         (3, "end forward"), (3, "begin backward"), (6, "end backward"), (6, "ends -"),
+                         (7, "begin data"), (9, "end data"), (9, "begin forward"), (10, "end forward"),
+                         (10, "begin backward"), (12, "end backward"), (12.5, "begin optimizer"), (14, "ends -"),
+                         (14, "end step")]:  # fmt: skip
+        fake.at(host)
+        kind, name = action.split()
+        if kind == "ends":
+            timer.end_phases(5)
+        elif kind == "begin" and name == "forward":
+            timer.add_images(5, batch)
+            timer.begin(5, name)
+        else:
+            timer.mark(5, name, kind == "begin")
+    timer.end(5, "forward")  # not open: nothing recorded
+    summary = timer.finish(trainer)
+    (row,) = summary["steps"]
+    assert row["host"] == phases(3, 3, 5, 1.5, 1.5, 14)
+    assert row["gpu"] is None and row["lag"] is None and row["images"] == 6
+    assert summary["source"] == "host" and summary["gpu_busy"] is None and summary["copies"] is None
+    assert summary["input"] == "other"
+
+
+def test_helpers_find_prefetchers_and_count_images():
+    prefetcher = DevicePrefetcher([], "cpu")
+    assert find_prefetchers(prefetcher) == [prefetcher]
+    assert find_prefetchers({"a": [prefetcher], "b": object()}) == [prefetcher]
+    assert find_prefetchers(None) == []
+    assert batch_size((torch.zeros(7, 3), torch.zeros(7))) == 7
+    assert batch_size({"x": torch.zeros(2, 1)}) == 2
+    assert batch_size("text") is None
+
+
+# --- real Trainers on the CPU --------------------------------------------------------------------------------------
+def fit(tmp_path: Path, window: ProfilerWindow, max_steps: int = 10, accumulate: int = 1, extra=()):  # noqa: ANN001
+    data = ImageNetDataModule(root=str(tmp_path), source="synthetic", batch_size=4, workers=0, crop_size=32,
+                              val_resize_size=36, val_crop_size=32, synthetic_num_classes=10,
+                              synthetic_train_steps=20)  # fmt: skip
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, limit_val_batches=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         accumulate_grad_batches=accumulate, callbacks=[window, *extra],
+                         default_root_dir=str(tmp_path))  # fmt: skip
+    trainer.fit(model, data)
+    return trainer
+
+
+@pytest.fixture(autouse=True)
+def _no_nsight(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
+
+
+def test_window_writes_json_markdown_and_png_with_one_row_per_step(tmp_path, caplog):
+    window = ProfilerWindow(start_step=2, num_steps=3)
+    trainer = fit(tmp_path, window)
+    assert trainer.global_step == 5
+    folder = tmp_path / "step_report"
+    assert sorted(p.name for p in folder.iterdir()) == ["window_2-4.json", "window_2-4.md", "window_2-4.png"]
+    assert window.report_files == [folder / "window_2-4.json", folder / "window_2-4.md", folder / "window_2-4.png"]
+    report = json.loads((folder / "window_2-4.json").read_text())
+    assert report == json.loads(json.dumps(window.reports[0]))
+    (rank,) = report["ranks"]
+    assert [s["step"] for s in rank["steps"]] == [2, 3, 4]
+    for row in rank["steps"]:
+        assert row["images"] == 4 and row["gpu"] is None
+        assert sum(row["host"][p] for p in step_report.PHASES) == pytest.approx(row["host"]["total"], abs=1e-3)
+        assert row["host"]["forward"] > 0 and row["host"]["backward"] > 0 and row["host"]["optimizer"] > 0
+    assert sum(s["host"]["total"] for s in rank["steps"]) <= rank["wall_ms"] + 1e-3
+    assert report["overall"]["images_per_s"] == pytest.approx(12 / (rank["wall_ms"] / 1000), rel=1e-3)
+    assert report["verdict"].startswith("CPU run: GPU times and copy overlap unavailable; data wait")
+    assert rank["input"] == "on-device"  # data.source synthetic
+    assert "# Step-time report: steps 2-4" in (folder / "window_2-4.md").read_text()
+    assert (folder / "window_2-4.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "step report, steps 2-4, 1 rank(s)" in caplog.text and "verdict: CPU run" in caplog.text
+
+
+def test_gradient_accumulation_counts_every_micro_batch(tmp_path):
+    window = ProfilerWindow(start_step=1, num_steps=2)
+    fit(tmp_path, window, accumulate=2)
+    (rank,) = window.reports[0]["ranks"]
+    assert [(s["step"], s["images"]) for s in rank["steps"]] == [(1, 8), (2, 8)]
+
+
+def test_report_off_records_and_writes_nothing(tmp_path):
+    window = ProfilerWindow(start_step=1, num_steps=2, report=False)
+    fit(tmp_path, window)
+    assert not (tmp_path / "step_report").exists() and window.reports == [] and not window.timer.active
+
+
+def test_window_cut_short_by_the_end_of_training_reports_its_steps(tmp_path):
+    window = ProfilerWindow(start_step=4, num_steps=5)
+    with pytest.warns(UserWarning, match="cut short"):
+        trainer = fit(tmp_path, window, max_steps=6)
+    assert trainer.global_step == 6
+    (report,) = window.reports
+    assert report["window"] == [4, 5] and [s["step"] for s in report["ranks"][0]["steps"]] == [4, 5]
+
+
+def test_several_windows_write_one_report_each(tmp_path):
+    window = ProfilerWindow(start_step=[1, 4], num_steps=2, exit_after=False)
+    fit(tmp_path, window, max_steps=7)
+    assert [r["window"] for r in window.reports] == [[1, 2], [4, 5]]
+    names = sorted(p.name for p in (tmp_path / "step_report").iterdir())
+    assert names == sorted(f"window_{w}.{e}" for w in ("1-2", "4-5") for e in ("json", "md", "png"))
+
+
+def test_exception_inside_the_window_writes_no_report(tmp_path):
+    class Boom(pl.Callback):
+        def on_before_backward(self, trainer, pl_module, loss):  # noqa: ANN001
+            if trainer.global_step == 3:
+                raise RuntimeError("boom inside the window")
+
+    window = ProfilerWindow(start_step=2, num_steps=4)
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(tmp_path, window, extra=[Boom()])
+    assert not window.timer.active and window.reports == [] and not (tmp_path / "step_report").exists()
+
+
+class SlowRank(pl.Callback):
+    """Test helper for the DDP run: rank 1 spends 150 ms more per step before its optimizer step from step 3 on."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # noqa: ANN001
+        if trainer.global_rank == 1 and trainer.global_step >= 3:
+            time.sleep(0.15)
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_ranks_report_both_on_rank_0_and_flag_the_slow_one(tmp_path):
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'tests'}{os.pathsep}{ROOT}")
+    env.pop("CUDA_INJECTION64_PATH", None)
+    cmd = [
+        sys.executable, "train.py", "fit", "--config", "configs/quickstart.yaml",
+        "--data.source", "synthetic", "--data.synthetic_num_classes", "10", "--data.synthetic_train_steps", "30",
+        "--data.batch_size", "4", "--data.crop_size", "32", "--model.arch", "resnet18",
+        "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
+        "--trainer.max_steps", "30", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
+        "--trainer.callbacks+=test_step_timer.SlowRank",
+        "--profile.start_step", "3", "--profile.num_steps", "3", "--profile.report", "true",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (folder,) = {p.parent for p in tmp_path.rglob("step_report/*")}
+    assert sorted(p.name for p in folder.iterdir()) == ["window_3-5.json", "window_3-5.md", "window_3-5.png"]
+    report = json.loads((folder / "window_3-5.json").read_text())
+    assert report["world_size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
+    for rank in report["ranks"]:
+        assert [s["step"] for s in rank["steps"]] == [3, 4, 5]
+        assert all(s["images"] == 4 for s in rank["steps"])
+    (slow,) = report["stragglers"]
+    # The sleep lands just before or just inside the optimizer range, depending on the callbacks' order.
+    assert slow["rank"] == 1 and slow["phase"] in ("optimizer", "other") and slow["excess_ms"] > 100
+    assert "straggler: rank 1" in report["verdict"]
+    assert "stragglers: rank 1" in proc.stderr + proc.stdout
