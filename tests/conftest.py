@@ -29,6 +29,19 @@ TRAIN_PER_CLASS = 24
 VAL_PER_CLASS = 6
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Shuts down the workers of data loader iterators that tests left alive (a generator stopped early keeps its
+    loader's iterator): at interpreter exit ``multiprocessing`` would terminate them while torch's SIGCHLD handler
+    is still installed, which prints "DataLoader worker ... is killed by signal: Terminated" after the summary."""
+    import gc
+
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    for obj in gc.get_objects():
+        if isinstance(obj, _MultiProcessingDataLoaderIter):
+            obj._shutdown_workers()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return
