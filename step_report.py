@@ -15,33 +15,45 @@ step, so it is not part of the step's sum. Times come from two clocks:
 * gpu: CUDA events at the same boundaries on the compute stream (from a Kineto trace: kernel time of each phase).
   GPU ``data`` is the compute stream waiting for its input; ``other`` includes idle gaps.
 
-This module is pure analysis over plain data (no torch): per-rank summaries in, a report dict out, and writers.
+Pure analysis over plain data (no torch): per-rank summaries in, a report dict out, and its files. The interval
+arithmetic and the reading of Kineto traces are in ``trace_summary.py``; the Markdown and the PNG in
+``report_render.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
-import gzip
-import io
 import json
-import math
 import os
-import re
 import statistics
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-#: The serial phases of a step; they sum to the step's time on each clock.
-PHASES = ("data", "forward", "backward", "optimizer", "other")
-#: Range names (NVTX / record_function) that mark phases.
-RANGE_PHASES = ("data", "forward", "backward", "optimizer")
-STEP_RE = re.compile(r"step (\d+)")
-#: HtoD copies smaller than this in a trace are not input batches (a logged scalar, an index): not judged.
-INPUT_COPY_MIN_BYTES = 64 * 1024
-TRACE_NAME_RE = re.compile(r"rank(\d+)_steps(\d+)-(\d+)")
+from report_render import markdown, render_png
+from trace_summary import (
+    INPUT_COPY_MIN_BYTES,
+    PHASES,
+    RANGE_PHASES,
+    STEP_RE,
+    TRACE_NAME_RE,
+    Interval,
+    copy_stats,
+    length,
+    load_trace,
+    overlap,
+    phase_times,
+    summarize_trace,
+    union,
+)
+
+__all__ = [  # what the callback and the tests use from here; the analysis itself lives in trace_summary
+    "INPUT_COPY_MIN_BYTES", "PHASES", "RANGE_PHASES", "STEP_RE", "TRACE_NAME_RE", "Interval", "build_report",
+    "copy_stats", "length", "load_trace", "main", "markdown", "overlap", "phase_times", "render_png", "stragglers",
+    "summarize_trace", "summary_lines", "union", "verdict", "write_atomic", "write_report",
+]  # fmt: skip
+
 #: Thresholds of the verdict.
 DATA_WAIT_PCT = 5.0  # data wait above this share of the step: input-bound
 ZERO_DATA_PCT = 1.0  # below this the data wait counts as zero
@@ -52,223 +64,6 @@ LAG_HOST_BOUND = 0.1  # GPU trailing the host by less than this share of a step:
 #: and there a fast rank waits for a slow one; what a rank spends in the others is its own.
 UNSYNCED = ("data", "optimizer", "other")
 STRAGGLER_PCT = 5.0  # a rank spending this share of a step more in UNSYNCED phases than the other ranks: straggler
-
-Interval = tuple[float, float]
-
-
-# --- interval arithmetic --------------------------------------------------------------------------------------
-def union(intervals: Iterable[Interval]) -> list[Interval]:
-    """Sorted, merged, non-empty intervals covering the same points."""
-    merged: list[list[float]] = []
-    for start, end in sorted(i for i in intervals if i[1] > i[0]):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(a, b) for a, b in merged]
-
-
-def length(intervals: Iterable[Interval]) -> float:
-    """Total length of the union of ``intervals``."""
-    return sum(b - a for a, b in union(intervals))
-
-
-def overlap(intervals: Sequence[Interval], cover: Sequence[Interval]) -> tuple[float, float]:
-    """``(total length of intervals, length of their parts inside the union of cover)``; each interval counted once.
-
-    Copy ``[0, 10]`` against compute ``[5, 20]`` gives ``(10, 5)``: half the copy overlaps.
-    """
-    merged = union(cover)
-    starts = [a for a, _ in merged]
-    total = inside = 0.0
-    for start, end in intervals:
-        if end <= start:
-            continue
-        total += end - start
-        for a, b in merged[max(0, bisect.bisect_right(starts, start) - 1) :]:
-            if a >= end:
-                break
-            inside += max(0.0, min(b, end) - max(a, start))
-    return total, inside
-
-
-def phase_times(step: Interval, phases: dict[str, Sequence[Interval]]) -> dict[str, float]:
-    """Phase times of one step: each phase's intervals summed (clipped to the step), ``other`` the rest, ``total``.
-
-    Gradient accumulation gives a phase several intervals per step; they add up.
-    """
-    total = step[1] - step[0]
-    out = {}
-    for name in RANGE_PHASES:
-        out[name] = sum(max(0.0, min(b, step[1]) - max(a, step[0])) for a, b in phases.get(name, ()))
-    out["other"] = max(0.0, total - sum(out.values()))
-    out["total"] = total
-    return out
-
-
-# --- a Kineto trace -> a rank summary ----------------------------------------------------------------------------
-def load_trace(path: str | Path) -> dict:
-    """A Kineto (chrome trace) JSON file, plain or gzipped."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as handle:
-        return json.load(handle)
-
-
-def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None = None) -> dict:
-    """A rank summary (see :func:`build_report`) from one rank's Kineto trace of a window.
-
-    Steps and host phases come from the ``step N`` / phase ``user_annotation`` ranges. GPU kernels are attributed to
-    the step and phase whose range holds their launch (the ``cuda_runtime`` event of the same correlation id; backward
-    launches from autograd's thread fall inside the main thread's ``backward`` range). Compute streams are the
-    streams of the kernels launched in ``forward``. Per step on the GPU: ``data`` is the gap before the step's first
-    compute kernel, forward/backward/optimizer the union of their compute kernels, ``other`` the rest of the span
-    (idle included). H2D copies are ``gpu_memcpy`` events named ``Memcpy HtoD (Pinned|Pageable -> Device)``;
-    overlap is measured against kernels on other streams. ``batch_size`` (per micro-batch) gives images per step.
-    """
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and "ts" in e]
-    annotations = [e for e in events if e.get("cat") == "user_annotation"]
-    steps = sorted((e for e in annotations if STEP_RE.fullmatch(e["name"])), key=lambda e: e["ts"])
-    if rank is None:
-        rank = int(trace.get("distributedInfo", {}).get("rank", 0))
-    if not steps:
-        raise ValueError("the trace has no 'step N' ranges (record it with --profile.torch_profiler true)")
-    main_tid = steps[0].get("tid")
-    step_ranges = [(float(e["ts"]), float(e["ts"] + e["dur"])) for e in steps]
-    step_starts = [a for a, _ in step_ranges]
-    phases: list[dict[str, list[Interval]]] = [{n: [] for n in RANGE_PHASES} for _ in steps]
-    for e in annotations:
-        if e["name"] in RANGE_PHASES and e.get("tid", main_tid) == main_tid:
-            i = _find(step_ranges, step_starts, e["ts"])
-            if i is not None:
-                phases[i][e["name"]].append((float(e["ts"]), float(e["ts"] + e["dur"])))
-    launches = {
-        e["args"]["correlation"]: float(e["ts"])
-        for e in events
-        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
-    }
-
-    def launch(e: dict) -> float:
-        """When the host launched a GPU activity (its own start when the launch is not in the trace)."""
-        return launches.get(e.get("args", {}).get("correlation"), float(e["ts"]))
-
-    def stream(e: dict) -> Any:
-        return e.get("args", {}).get("stream")
-
-    def phase_at(i: int, t: float) -> str:
-        return next((n for n, spans in phases[i].items() for a, b in spans if a <= t <= b), "other")
-
-    kernels = [e for e in events if e.get("cat") == "kernel"]
-    launched = [(k, launch(k), _find(step_ranges, step_starts, launch(k))) for k in kernels]
-    compute_streams = {stream(k) for k, t, i in launched if i is not None and phase_at(i, t) == "forward"}
-    if not compute_streams and kernels:  # no launch correlation: the stream with the most kernel time
-        busiest: dict[Any, float] = {}
-        for k in kernels:
-            busiest[stream(k)] = busiest.get(stream(k), 0.0) + k["dur"]
-        compute_streams = {max(busiest, key=busiest.__getitem__)}
-    per_step: list[dict[str, list[Interval]]] = [{n: [] for n in (*RANGE_PHASES, "other")} for _ in steps]
-    for k, t, i in launched:
-        if i is not None and stream(k) in compute_streams:
-            per_step[i][phase_at(i, t)].append((float(k["ts"]), float(k["ts"] + k["dur"])))
-    copies = [
-        e
-        for e in events
-        if e.get("cat") == "gpu_memcpy"
-        and "HtoD" in e.get("name", "")
-        and e.get("args", {}).get("bytes", INPUT_COPY_MIN_BYTES) >= INPUT_COPY_MIN_BYTES
-    ]
-    h2d = [0.0] * len(steps)
-    for c in copies:
-        i = _find(step_ranges, step_starts, launch(c))
-        if i is not None:
-            h2d[i] += c["dur"] / 1000
-    rows = []
-    previous_end: float | None = None
-    for i, (step, host) in enumerate(zip(steps, step_ranges, strict=True)):
-        host_times = phase_times(host, phases[i])
-        spans = [s for v in per_step[i].values() for s in v]
-        gpu = None
-        if spans:
-            first, last = min(a for a, _ in spans), max(b for _, b in spans)
-            begin = host[0] if previous_end is None else previous_end
-            gpu = {"data": max(0.0, first - begin)}
-            for name in ("forward", "backward", "optimizer"):
-                gpu[name] = length(per_step[i][name])
-            gpu["total"] = last - begin
-            gpu["other"] = max(0.0, gpu["total"] - sum(gpu[n] for n in RANGE_PHASES))
-            previous_end = last
-        micro = len(phases[i]["forward"]) or 1
-        rows.append(
-            {
-                "step": int(STEP_RE.fullmatch(step["name"]).group(1)),  # type: ignore[union-attr]
-                "images": batch_size * micro if batch_size else None,
-                "host": _ms(host_times),
-                "gpu": _ms(gpu) if gpu else None,
-                "h2d": round(h2d[i], 4) if copies else None,
-                "lag": None,
-            }
-        )
-    span = (step_ranges[0][0], previous_end if previous_end is not None else step_ranges[-1][1])
-    busy = None
-    if kernels and span[1] > span[0]:
-        clipped = [(max(span[0], k["ts"]), min(span[1], k["ts"] + k["dur"])) for k in kernels]
-        busy = length(clipped) / (span[1] - span[0])
-    copy_summary = None
-    if copies:
-        total = inside = 0.0
-        # Kineto sees no kernel launched before the trace began, so a copy that starts before its first kernel may
-        # well overlap compute it cannot see: such copies are left out of the overlap.
-        first_kernel = min((k["ts"] for k in kernels), default=float("inf"))
-        for copy_stream in {stream(c) for c in copies}:
-            cover = [(k["ts"], k["ts"] + k["dur"]) for k in kernels if stream(k) != copy_stream]
-            spans = [
-                (c["ts"], c["ts"] + c["dur"]) for c in copies if stream(c) == copy_stream and c["ts"] >= first_kernel
-            ]
-            t, o = overlap(spans, cover)
-            total, inside = total + t, inside + o
-        copy_summary = copy_stats(
-            total / 1000,
-            inside / 1000,
-            pinned=sum("Pinned" in c["name"] for c in copies),
-            pageable=sum("Pageable" in c["name"] for c in copies),
-            count=len(copies),
-            source="kineto",
-        )
-    return {
-        "rank": rank,
-        "device": "cuda" if kernels else "cpu",
-        "source": "kineto",
-        "window": [rows[0]["step"], rows[-1]["step"]],
-        "steps": rows,
-        "wall_ms": round((step_ranges[-1][1] - step_ranges[0][0]) / 1000, 4),
-        "gpu_busy": round(busy, 4) if busy is not None else None,
-        "gpu_busy_source": "kineto" if busy is not None else None,
-        "copies": copy_summary,
-        "input": "trace",
-    }
-
-
-def _find(ranges: Sequence[Interval], starts: Sequence[float], t: float) -> int | None:
-    i = bisect.bisect_right(starts, t) - 1
-    return i if i >= 0 and t <= ranges[i][1] else None
-
-
-def _ms(times: dict[str, float], scale: float = 1e-3) -> dict[str, float]:
-    """Microseconds (Kineto's unit) to milliseconds, rounded to 0.1 us."""
-    return {k: round(v * scale, 4) for k, v in times.items()}
-
-
-def copy_stats(time_ms: float, overlapped_ms: float, pinned: int, pageable: int, count: int, source: str) -> dict:
-    """The ``copies`` entry of a rank summary."""
-    return {
-        "count": count,
-        "time_ms": round(time_ms, 4),
-        "overlapped_ms": round(overlapped_ms, 4),
-        "overlap": round(overlapped_ms / time_ms, 4) if time_ms > 0 else None,
-        "pinned": pinned,
-        "pageable": pageable,
-        "unknown": count - pinned - pageable,
-        "source": source,
-    }
 
 
 # --- rank summaries -> report ----------------------------------------------------------------------------------
@@ -488,154 +283,6 @@ def summary_lines(report: dict) -> list[str]:
             "  stragglers: " + ", ".join(f"rank {s['rank']} (+{s['excess_pct']}%)" for s in report["stragglers"])
         )
     return lines
-
-
-def markdown(report: dict) -> str:
-    """The readable report."""
-    o, w = report["overall"], report["window"]
-    copies = o.get("copies")
-    out = [f"# Step-time report: steps {w[0]}-{w[1]}", "", f"**{report['verdict']}**", "", "| | |", "|---|---|"]
-    rows = [
-        ("ranks", report["world_size"]),
-        ("images/s (all ranks)", o["images_per_s"]),
-        ("median step (host, ms)", o["step_ms"]),
-        ("median step (GPU, ms)", o.get("gpu_step_ms")),
-        ("data wait (% of step, mean / max of ranks)", f"{o['data_pct']} / {o['data_pct_max']}"),
-        ("GPU busy", f"{100 * o['gpu_busy']:.1f}% ({o['gpu_busy_source']})" if o.get("gpu_busy") is not None else None),
-        ("GPU behind host at step end (ms)", o.get("lag_ms")),
-    ]
-    if copies:
-        rows += [
-            ("H2D copies", f"{copies['count']} ({copies['source']}), {copies['time_ms']:.3f} ms"),
-            (
-                "H2D overlapped with compute",
-                f"{100 * copies['overlap']:.1f}%" if copies["overlap"] is not None else None,
-            ),
-            ("pinned / pageable / unknown", f"{copies['pinned']} / {copies['pageable']} / {copies['unknown']}"),
-        ]
-    out += [f"| {k} | {'n/a' if v is None else v} |" for k, v in rows]
-    header = "| rank | clock | " + " | ".join(PHASES) + " | step | h2d (side stream) |"
-    out += ["", "## Median per step (ms)", "", header, "|" + "---|" * (len(PHASES) + 4)]
-    for r in report["ranks"]:
-        for clock in r["stats"]["clocks"]:
-            m = r["stats"][clock]["median_ms"]
-            h2d = r["stats"]["h2d_ms"] if clock == "gpu" else None
-            cells = " | ".join(f"{m[p]:.3f}" for p in (*PHASES, "total"))
-            out.append(f"| {r['rank']} | {clock} | {cells} | {'' if h2d is None else f'{h2d:.3f}'} |")
-    if report["world_size"] > 1:
-        head = "| rank | img/s | step ms | data+optimizer+other ms | data % | GPU busy | straggler |"
-        out += ["", "## Ranks", "", head, "|---|---|---|---|---|---|---|"]
-        slow = {s["rank"]: s for s in report["stragglers"]}
-        for r in report["ranks"]:
-            s = r["stats"]
-            flag = f"+{slow[r['rank']]['excess_pct']}% ({slow[r['rank']]['phase']})" if r["rank"] in slow else ""
-            busy = f"{100 * r['gpu_busy']:.1f}%" if r.get("gpu_busy") is not None else "n/a"
-            out.append(f"| {r['rank']} | {s['images_per_s']} | {s['step_ms']} | {s['unsynced_ms']} | "
-                       f"{s['data_pct']} | {busy} | {flag} |")  # fmt: skip
-    out += ["", "## Steps (ms)", "", "| rank | step | images | clock | " + " | ".join(PHASES) + " | step | h2d |",
-            "|" + "---|" * (len(PHASES) + 6)]  # fmt: skip
-    for r in report["ranks"]:
-        for s in r["steps"]:
-            for clock in ("host", "gpu"):
-                if s.get(clock):
-                    cells = " | ".join(f"{s[clock][p]:.3f}" for p in (*PHASES, "total"))
-                    h2d = s.get("h2d") if clock == "gpu" else None
-                    out.append(f"| {r['rank']} | {s['step']} | {s.get('images') or ''} | {clock} | {cells} | "
-                               f"{'' if h2d is None else f'{h2d:.3f}'} |")  # fmt: skip
-    if report["findings"]:
-        out += ["", "## What to change", ""] + [f"- {f}" for f in report["findings"]]
-    out += ["", "## How this was measured", "", MEASURED]
-    return "\n".join(out) + "\n"
-
-
-MEASURED = (
-    "Phases follow the NVTX ranges of each step: `data` (loader hand-off and issuing the next batch's copy), "
-    "`forward`, `backward`, `optimizer`, `other` (the rest of the step). Host times are `perf_counter` at the range "
-    "boundaries. GPU times from CUDA events at the same boundaries on the compute stream (recorded inside the window "
-    "only, read after one synchronize at its end): GPU `data` is the compute stream waiting for input, and GPU busy is "
-    "the rest of the window (an upper bound: gaps between kernels inside a phase count as busy). From a Kineto trace "
-    "GPU phases are kernel time and GPU busy is exact. `h2d` is the copy and normalization on the prefetcher's side "
-    "stream; its overlap is the share of copy time that lies inside the compute stream's forward..optimizer spans "
-    "(events) or inside kernels on other streams (Kineto). Stragglers: ranks that spend over 5% of a step longer than "
-    "the other ranks in data+optimizer+other; under DDP the fast ranks wait for them inside forward (buffer "
-    "broadcast) and backward (gradient all-reduce), so those phases are left out."
-)
-
-
-def render_png(report: dict, max_ranks: int = 8) -> bytes:
-    """A PNG chart: stacked phase times per step (one panel per rank, GPU clock where measured) and per rank."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    colors = {"data": (214, 39, 40), "forward": (31, 119, 180), "backward": (44, 160, 44), "optimizer": (255, 127, 14),
-              "other": (170, 170, 170), "h2d": (148, 103, 189)}  # fmt: skip
-    ranks = report["ranks"][:max_ranks]
-    panels: list[tuple[str, list[str], list[dict], list[float | None]]] = []
-    for r in ranks:
-        clock = r["stats"]["clocks"][-1]
-        panels.append((f"rank {r['rank']} per step ({clock} clock, ms)", [str(s["step"]) for s in r["steps"]],
-                       [s[clock] for s in r["steps"]], [s.get("h2d") for s in r["steps"]]))  # fmt: skip
-    if report["world_size"] > 1:
-        clock = "gpu" if all("gpu" in r["stats"]["clocks"] for r in report["ranks"]) else "host"
-        slow = {s["rank"] for s in report["stragglers"]}
-        panels.append((f"median step per rank ({clock} clock, ms; * straggler)",
-                       [f"{r['rank']}{'*' if r['rank'] in slow else ''}" for r in report["ranks"]],
-                       [r["stats"][clock]["median_ms"] for r in report["ranks"]],
-                       [r["stats"]["h2d_ms"] for r in report["ranks"]]))  # fmt: skip
-    width, panel_h, top = 960, 190, 80
-    image = Image.new("RGB", (width, top + panel_h * len(panels) + 10), "white")
-    draw = ImageDraw.Draw(image)
-    font = ImageFont.load_default()
-    w = report["window"]
-    ips = report["overall"]["images_per_s"]
-    head = f"step report, steps {w[0]}-{w[1]}, {report['world_size']} rank(s), {ips or 'n/a'} img/s"
-    draw.text((10, 4), head, fill="black", font=font)
-    draw.text((10, 20), report["verdict"][:170], fill="black", font=font)
-    x = 10
-    for name in (*PHASES, "h2d"):
-        draw.rectangle([x, 44, x + 12, 56], fill=colors[name])
-        label = "h2d (side stream)" if name == "h2d" else name
-        draw.text((x + 16, 44), label, fill="black", font=font)
-        x += 30 + int(draw.textlength(label, font=font))
-    for n, (title, labels, values, h2d) in enumerate(panels):
-        y0 = top + n * panel_h
-        left, right, plot_top, bottom = 60, width - 20, y0 + 18, y0 + panel_h - 24
-        draw.text((left, y0 + 2), title, fill="black", font=font)
-        peak = max([v["total"] for v in values] + [h or 0.0 for h in h2d] + [1e-9])
-        tick = _nice(peak / 5)
-        ticks = math.ceil(peak / tick - 1e-9)
-        scale = (bottom - plot_top) / (tick * ticks)
-        for i in range(ticks + 1):
-            y = bottom - i * tick * scale
-            draw.line([left, y, right, y], fill=(230, 230, 230))
-            draw.text((4, y - 6), f"{i * tick:g}", fill="black", font=font)
-        slot = (right - left) / max(1, len(values))
-        every = max(1, int(len(values) * 30 / (right - left)) + 1)
-        for i, (v, h) in enumerate(zip(values, h2d, strict=True)):
-            x0 = left + i * slot + slot * 0.1
-            x1 = x0 + slot * 0.6
-            y = bottom
-            for phase in PHASES:
-                height = v[phase] * scale
-                if height > 0:
-                    draw.rectangle([x0, y - height, x1, y], fill=colors[phase])
-                y -= height
-            if h:
-                draw.rectangle([x1 + slot * 0.05, bottom - h * scale, x1 + slot * 0.2, bottom], fill=colors["h2d"])
-            if i % every == 0:
-                draw.text((x0, bottom + 4), labels[i], fill="black", font=font)
-        draw.line([left, bottom, right, bottom], fill="black")
-        draw.line([left, plot_top, left, bottom], fill="black")
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _nice(x: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 x 10^k at or above ``x``."""
-    if x <= 0:
-        return 1.0
-    power = 10 ** math.floor(math.log10(x))
-    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= x)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -1,0 +1,160 @@
+"""Renders a step-time report (``step_report.py``) as Markdown and as a PNG chart drawn with Pillow.
+
+The chart stacks each step's phase times (GPU clock where measured, else host) per rank, with the side-stream copy
+beside each step, so a straggler or an input stall shows as a taller or differently coloured column.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+from trace_summary import PHASES
+
+
+def markdown(report: dict) -> str:
+    """The readable report."""
+    o, w = report["overall"], report["window"]
+    copies = o.get("copies")
+    out = [f"# Step-time report: steps {w[0]}-{w[1]}", "", f"**{report['verdict']}**", "", "| | |", "|---|---|"]
+    rows = [
+        ("ranks", report["world_size"]),
+        ("images/s (all ranks)", o["images_per_s"]),
+        ("median step (host, ms)", o["step_ms"]),
+        ("median step (GPU, ms)", o.get("gpu_step_ms")),
+        ("data wait (% of step, mean / max of ranks)", f"{o['data_pct']} / {o['data_pct_max']}"),
+        ("GPU busy", f"{100 * o['gpu_busy']:.1f}% ({o['gpu_busy_source']})" if o.get("gpu_busy") is not None else None),
+        ("GPU behind host at step end (ms)", o.get("lag_ms")),
+    ]
+    if copies:
+        rows += [
+            ("H2D copies", f"{copies['count']} ({copies['source']}), {copies['time_ms']:.3f} ms"),
+            (
+                "H2D overlapped with compute",
+                f"{100 * copies['overlap']:.1f}%" if copies["overlap"] is not None else None,
+            ),
+            ("pinned / pageable / unknown", f"{copies['pinned']} / {copies['pageable']} / {copies['unknown']}"),
+        ]
+    out += [f"| {k} | {'n/a' if v is None else v} |" for k, v in rows]
+    header = "| rank | clock | " + " | ".join(PHASES) + " | step | h2d (side stream) |"
+    out += ["", "## Median per step (ms)", "", header, "|" + "---|" * (len(PHASES) + 4)]
+    for r in report["ranks"]:
+        for clock in r["stats"]["clocks"]:
+            m = r["stats"][clock]["median_ms"]
+            h2d = r["stats"]["h2d_ms"] if clock == "gpu" else None
+            cells = " | ".join(f"{m[p]:.3f}" for p in (*PHASES, "total"))
+            out.append(f"| {r['rank']} | {clock} | {cells} | {'' if h2d is None else f'{h2d:.3f}'} |")
+    if report["world_size"] > 1:
+        head = "| rank | img/s | step ms | data+optimizer+other ms | data % | GPU busy | straggler |"
+        out += ["", "## Ranks", "", head, "|---|---|---|---|---|---|---|"]
+        slow = {s["rank"]: s for s in report["stragglers"]}
+        for r in report["ranks"]:
+            s = r["stats"]
+            flag = f"+{slow[r['rank']]['excess_pct']}% ({slow[r['rank']]['phase']})" if r["rank"] in slow else ""
+            busy = f"{100 * r['gpu_busy']:.1f}%" if r.get("gpu_busy") is not None else "n/a"
+            out.append(f"| {r['rank']} | {s['images_per_s']} | {s['step_ms']} | {s['unsynced_ms']} | "
+                       f"{s['data_pct']} | {busy} | {flag} |")  # fmt: skip
+    out += ["", "## Steps (ms)", "", "| rank | step | images | clock | " + " | ".join(PHASES) + " | step | h2d |",
+            "|" + "---|" * (len(PHASES) + 6)]  # fmt: skip
+    for r in report["ranks"]:
+        for s in r["steps"]:
+            for clock in ("host", "gpu"):
+                if s.get(clock):
+                    cells = " | ".join(f"{s[clock][p]:.3f}" for p in (*PHASES, "total"))
+                    h2d = s.get("h2d") if clock == "gpu" else None
+                    out.append(f"| {r['rank']} | {s['step']} | {s.get('images') or ''} | {clock} | {cells} | "
+                               f"{'' if h2d is None else f'{h2d:.3f}'} |")  # fmt: skip
+    if report["findings"]:
+        out += ["", "## What to change", ""] + [f"- {f}" for f in report["findings"]]
+    out += ["", "## How this was measured", "", MEASURED]
+    return "\n".join(out) + "\n"
+
+
+MEASURED = (
+    "Phases follow the NVTX ranges of each step: `data` (loader hand-off and issuing the next batch's copy), "
+    "`forward`, `backward`, `optimizer`, `other` (the rest of the step). Host times are `perf_counter` at the range "
+    "boundaries. GPU times from CUDA events at the same boundaries on the compute stream (recorded inside the window "
+    "only, read after one synchronize at its end): GPU `data` is the compute stream waiting for input, and GPU busy is "
+    "the rest of the window (an upper bound: gaps between kernels inside a phase count as busy). From a Kineto trace "
+    "GPU phases are kernel time and GPU busy is exact. `h2d` is the copy and normalization on the prefetcher's side "
+    "stream; its overlap is the share of copy time that lies inside the compute stream's forward..optimizer spans "
+    "(events) or inside kernels on other streams (Kineto). Stragglers: ranks that spend over 5% of a step longer than "
+    "the other ranks in data+optimizer+other; under DDP the fast ranks wait for them inside forward (buffer "
+    "broadcast) and backward (gradient all-reduce), so those phases are left out."
+)
+
+
+def render_png(report: dict, max_ranks: int = 8) -> bytes:
+    """A PNG chart: stacked phase times per step (one panel per rank, GPU clock where measured) and per rank."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    colors = {"data": (214, 39, 40), "forward": (31, 119, 180), "backward": (44, 160, 44), "optimizer": (255, 127, 14),
+              "other": (170, 170, 170), "h2d": (148, 103, 189)}  # fmt: skip
+    ranks = report["ranks"][:max_ranks]
+    panels: list[tuple[str, list[str], list[dict], list[float | None]]] = []
+    for r in ranks:
+        clock = r["stats"]["clocks"][-1]
+        panels.append((f"rank {r['rank']} per step ({clock} clock, ms)", [str(s["step"]) for s in r["steps"]],
+                       [s[clock] for s in r["steps"]], [s.get("h2d") for s in r["steps"]]))  # fmt: skip
+    if report["world_size"] > 1:
+        clock = "gpu" if all("gpu" in r["stats"]["clocks"] for r in report["ranks"]) else "host"
+        slow = {s["rank"] for s in report["stragglers"]}
+        panels.append((f"median step per rank ({clock} clock, ms; * straggler)",
+                       [f"{r['rank']}{'*' if r['rank'] in slow else ''}" for r in report["ranks"]],
+                       [r["stats"][clock]["median_ms"] for r in report["ranks"]],
+                       [r["stats"]["h2d_ms"] for r in report["ranks"]]))  # fmt: skip
+    width, panel_h, top = 960, 190, 80
+    image = Image.new("RGB", (width, top + panel_h * len(panels) + 10), "white")
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default()
+    w = report["window"]
+    ips = report["overall"]["images_per_s"]
+    head = f"step report, steps {w[0]}-{w[1]}, {report['world_size']} rank(s), {ips or 'n/a'} img/s"
+    draw.text((10, 4), head, fill="black", font=font)
+    draw.text((10, 20), report["verdict"][:170], fill="black", font=font)
+    x = 10
+    for name in (*PHASES, "h2d"):
+        draw.rectangle([x, 44, x + 12, 56], fill=colors[name])
+        label = "h2d (side stream)" if name == "h2d" else name
+        draw.text((x + 16, 44), label, fill="black", font=font)
+        x += 30 + int(draw.textlength(label, font=font))
+    for n, (title, labels, values, h2d) in enumerate(panels):
+        y0 = top + n * panel_h
+        left, right, plot_top, bottom = 60, width - 20, y0 + 18, y0 + panel_h - 24
+        draw.text((left, y0 + 2), title, fill="black", font=font)
+        peak = max([v["total"] for v in values] + [h or 0.0 for h in h2d] + [1e-9])
+        tick = _nice(peak / 5)
+        ticks = math.ceil(peak / tick - 1e-9)
+        scale = (bottom - plot_top) / (tick * ticks)
+        for i in range(ticks + 1):
+            y = bottom - i * tick * scale
+            draw.line([left, y, right, y], fill=(230, 230, 230))
+            draw.text((4, y - 6), f"{i * tick:g}", fill="black", font=font)
+        slot = (right - left) / max(1, len(values))
+        every = max(1, int(len(values) * 30 / (right - left)) + 1)
+        for i, (v, h) in enumerate(zip(values, h2d, strict=True)):
+            x0 = left + i * slot + slot * 0.1
+            x1 = x0 + slot * 0.6
+            y = bottom
+            for phase in PHASES:
+                height = v[phase] * scale
+                if height > 0:
+                    draw.rectangle([x0, y - height, x1, y], fill=colors[phase])
+                y -= height
+            if h:
+                draw.rectangle([x1 + slot * 0.05, bottom - h * scale, x1 + slot * 0.2, bottom], fill=colors["h2d"])
+            if i % every == 0:
+                draw.text((x0, bottom + 4), labels[i], fill="black", font=font)
+        draw.line([left, bottom, right, bottom], fill="black")
+        draw.line([left, plot_top, left, bottom], fill="black")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _nice(x: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 x 10^k at or above ``x``."""
+    if x <= 0:
+        return 1.0
+    power = 10 ** math.floor(math.log10(x))
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= x)

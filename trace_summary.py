@@ -1,0 +1,243 @@
+"""Kineto traces and step intervals -> the per-rank summary of the step-time report (``step_report.py``).
+
+Interval arithmetic over ``(start, end)`` pairs (union, overlap, phase times within a step) shared with the in-window
+timer (``callbacks/step_timer.py``), and the reading of a Kineto trace of a profiling window: the ``step N`` ranges
+and their phase children, kernel time per phase, host-to-device copies (pinned or pageable) and how much of their time
+overlaps compute kernels on other streams. Pure Python over plain data (no torch).
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+#: The serial phases of a step; they sum to the step's time on each clock.
+PHASES = ("data", "forward", "backward", "optimizer", "other")
+#: Range names (NVTX / record_function) that mark phases.
+RANGE_PHASES = ("data", "forward", "backward", "optimizer")
+STEP_RE = re.compile(r"step (\d+)")
+#: HtoD copies smaller than this in a trace are not input batches (a logged scalar, an index): not judged.
+INPUT_COPY_MIN_BYTES = 64 * 1024
+TRACE_NAME_RE = re.compile(r"rank(\d+)_steps(\d+)-(\d+)")
+
+Interval = tuple[float, float]
+
+
+# --- interval arithmetic --------------------------------------------------------------------------------------
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    """Sorted, merged, non-empty intervals covering the same points."""
+    merged: list[list[float]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def length(intervals: Iterable[Interval]) -> float:
+    """Total length of the union of ``intervals``."""
+    return sum(b - a for a, b in union(intervals))
+
+
+def overlap(intervals: Sequence[Interval], cover: Sequence[Interval]) -> tuple[float, float]:
+    """``(total length of intervals, length of their parts inside the union of cover)``; each interval counted once.
+
+    Copy ``[0, 10]`` against compute ``[5, 20]`` gives ``(10, 5)``: half the copy overlaps.
+    """
+    merged = union(cover)
+    starts = [a for a, _ in merged]
+    total = inside = 0.0
+    for start, end in intervals:
+        if end <= start:
+            continue
+        total += end - start
+        for a, b in merged[max(0, bisect.bisect_right(starts, start) - 1) :]:
+            if a >= end:
+                break
+            inside += max(0.0, min(b, end) - max(a, start))
+    return total, inside
+
+
+def phase_times(step: Interval, phases: dict[str, Sequence[Interval]]) -> dict[str, float]:
+    """Phase times of one step: each phase's intervals summed (clipped to the step), ``other`` the rest, ``total``.
+
+    Gradient accumulation gives a phase several intervals per step; they add up.
+    """
+    total = step[1] - step[0]
+    out = {}
+    for name in RANGE_PHASES:
+        out[name] = sum(max(0.0, min(b, step[1]) - max(a, step[0])) for a, b in phases.get(name, ()))
+    out["other"] = max(0.0, total - sum(out.values()))
+    out["total"] = total
+    return out
+
+
+# --- a Kineto trace -> a rank summary ----------------------------------------------------------------------------
+def load_trace(path: str | Path) -> dict:
+    """A Kineto (chrome trace) JSON file, plain or gzipped."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as handle:
+        return json.load(handle)
+
+
+def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None = None) -> dict:
+    """A rank summary (see :func:`build_report`) from one rank's Kineto trace of a window.
+
+    Steps and host phases come from the ``step N`` / phase ``user_annotation`` ranges. GPU kernels are attributed to
+    the step and phase whose range holds their launch (the ``cuda_runtime`` event of the same correlation id; backward
+    launches from autograd's thread fall inside the main thread's ``backward`` range). Compute streams are the
+    streams of the kernels launched in ``forward``. Per step on the GPU: ``data`` is the gap before the step's first
+    compute kernel, forward/backward/optimizer the union of their compute kernels, ``other`` the rest of the span
+    (idle included). H2D copies are ``gpu_memcpy`` events named ``Memcpy HtoD (Pinned|Pageable -> Device)``;
+    overlap is measured against kernels on other streams. ``batch_size`` (per micro-batch) gives images per step.
+    """
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    annotations = [e for e in events if e.get("cat") == "user_annotation"]
+    steps = sorted((e for e in annotations if STEP_RE.fullmatch(e["name"])), key=lambda e: e["ts"])
+    if rank is None:
+        rank = int(trace.get("distributedInfo", {}).get("rank", 0))
+    if not steps:
+        raise ValueError("the trace has no 'step N' ranges (record it with --profile.torch_profiler true)")
+    main_tid = steps[0].get("tid")
+    step_ranges = [(float(e["ts"]), float(e["ts"] + e["dur"])) for e in steps]
+    step_starts = [a for a, _ in step_ranges]
+    phases: list[dict[str, list[Interval]]] = [{n: [] for n in RANGE_PHASES} for _ in steps]
+    for e in annotations:
+        if e["name"] in RANGE_PHASES and e.get("tid", main_tid) == main_tid:
+            i = _find(step_ranges, step_starts, e["ts"])
+            if i is not None:
+                phases[i][e["name"]].append((float(e["ts"]), float(e["ts"] + e["dur"])))
+    launches = {
+        e["args"]["correlation"]: float(e["ts"])
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+
+    def launch(e: dict) -> float:
+        """When the host launched a GPU activity (its own start when the launch is not in the trace)."""
+        return launches.get(e.get("args", {}).get("correlation"), float(e["ts"]))
+
+    def stream(e: dict) -> Any:
+        return e.get("args", {}).get("stream")
+
+    def phase_at(i: int, t: float) -> str:
+        return next((n for n, spans in phases[i].items() for a, b in spans if a <= t <= b), "other")
+
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    launched = [(k, launch(k), _find(step_ranges, step_starts, launch(k))) for k in kernels]
+    compute_streams = {stream(k) for k, t, i in launched if i is not None and phase_at(i, t) == "forward"}
+    if not compute_streams and kernels:  # no launch correlation: the stream with the most kernel time
+        busiest: dict[Any, float] = {}
+        for k in kernels:
+            busiest[stream(k)] = busiest.get(stream(k), 0.0) + k["dur"]
+        compute_streams = {max(busiest, key=busiest.__getitem__)}
+    per_step: list[dict[str, list[Interval]]] = [{n: [] for n in (*RANGE_PHASES, "other")} for _ in steps]
+    for k, t, i in launched:
+        if i is not None and stream(k) in compute_streams:
+            per_step[i][phase_at(i, t)].append((float(k["ts"]), float(k["ts"] + k["dur"])))
+    copies = [
+        e
+        for e in events
+        if e.get("cat") == "gpu_memcpy"
+        and "HtoD" in e.get("name", "")
+        and e.get("args", {}).get("bytes", INPUT_COPY_MIN_BYTES) >= INPUT_COPY_MIN_BYTES
+    ]
+    h2d = [0.0] * len(steps)
+    for c in copies:
+        i = _find(step_ranges, step_starts, launch(c))
+        if i is not None:
+            h2d[i] += c["dur"] / 1000
+    rows = []
+    previous_end: float | None = None
+    for i, (step, host) in enumerate(zip(steps, step_ranges, strict=True)):
+        host_times = phase_times(host, phases[i])
+        spans = [s for v in per_step[i].values() for s in v]
+        gpu = None
+        if spans:
+            first, last = min(a for a, _ in spans), max(b for _, b in spans)
+            begin = host[0] if previous_end is None else previous_end
+            gpu = {"data": max(0.0, first - begin)}
+            for name in ("forward", "backward", "optimizer"):
+                gpu[name] = length(per_step[i][name])
+            gpu["total"] = last - begin
+            gpu["other"] = max(0.0, gpu["total"] - sum(gpu[n] for n in RANGE_PHASES))
+            previous_end = last
+        micro = len(phases[i]["forward"]) or 1
+        rows.append(
+            {
+                "step": int(STEP_RE.fullmatch(step["name"]).group(1)),  # type: ignore[union-attr]
+                "images": batch_size * micro if batch_size else None,
+                "host": _ms(host_times),
+                "gpu": _ms(gpu) if gpu else None,
+                "h2d": round(h2d[i], 4) if copies else None,
+                "lag": None,
+            }
+        )
+    span = (step_ranges[0][0], previous_end if previous_end is not None else step_ranges[-1][1])
+    busy = None
+    if kernels and span[1] > span[0]:
+        clipped = [(max(span[0], k["ts"]), min(span[1], k["ts"] + k["dur"])) for k in kernels]
+        busy = length(clipped) / (span[1] - span[0])
+    copy_summary = None
+    if copies:
+        total = inside = 0.0
+        # Kineto sees no kernel launched before the trace began, so a copy that starts before its first kernel may
+        # well overlap compute it cannot see: such copies are left out of the overlap.
+        first_kernel = min((k["ts"] for k in kernels), default=float("inf"))
+        for copy_stream in {stream(c) for c in copies}:
+            cover = [(k["ts"], k["ts"] + k["dur"]) for k in kernels if stream(k) != copy_stream]
+            spans = [
+                (c["ts"], c["ts"] + c["dur"]) for c in copies if stream(c) == copy_stream and c["ts"] >= first_kernel
+            ]
+            t, o = overlap(spans, cover)
+            total, inside = total + t, inside + o
+        copy_summary = copy_stats(
+            total / 1000,
+            inside / 1000,
+            pinned=sum("Pinned" in c["name"] for c in copies),
+            pageable=sum("Pageable" in c["name"] for c in copies),
+            count=len(copies),
+            source="kineto",
+        )
+    return {
+        "rank": rank,
+        "device": "cuda" if kernels else "cpu",
+        "source": "kineto",
+        "window": [rows[0]["step"], rows[-1]["step"]],
+        "steps": rows,
+        "wall_ms": round((step_ranges[-1][1] - step_ranges[0][0]) / 1000, 4),
+        "gpu_busy": round(busy, 4) if busy is not None else None,
+        "gpu_busy_source": "kineto" if busy is not None else None,
+        "copies": copy_summary,
+        "input": "trace",
+    }
+
+
+def _find(ranges: Sequence[Interval], starts: Sequence[float], t: float) -> int | None:
+    i = bisect.bisect_right(starts, t) - 1
+    return i if i >= 0 and t <= ranges[i][1] else None
+
+
+def _ms(times: dict[str, float], scale: float = 1e-3) -> dict[str, float]:
+    """Microseconds (Kineto's unit) to milliseconds, rounded to 0.1 us."""
+    return {k: round(v * scale, 4) for k, v in times.items()}
+
+
+def copy_stats(time_ms: float, overlapped_ms: float, pinned: int, pageable: int, count: int, source: str) -> dict:
+    """The ``copies`` entry of a rank summary."""
+    return {
+        "count": count,
+        "time_ms": round(time_ms, 4),
+        "overlapped_ms": round(overlapped_ms, 4),
+        "overlap": round(overlapped_ms / time_ms, 4) if time_ms > 0 else None,
+        "pinned": pinned,
+        "pageable": pageable,
+        "unknown": count - pinned - pageable,
+        "source": source,
+    }
