@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import weakref
 from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -290,6 +291,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         self.val_set: Dataset | None = None
         self._classes: list[str] | None = None
         self._train_sampler: TrainSampler | None = None
+        self._prefetchers: weakref.WeakSet[DevicePrefetcher] = weakref.WeakSet()  # closed in teardown
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches done in it) from a checkpoint
 
     # --- what the model needs to know -----------------------------------------------------------------
@@ -402,6 +404,13 @@ class ImageNetDataModule(pl.LightningDataModule):
         return self.val_dataloader()
 
     @override
+    def teardown(self, stage: str) -> None:
+        # Lightning cannot see the DataLoaders behind the prefetchers to shut their persistent workers down itself.
+        for prefetcher in list(self._prefetchers):
+            prefetcher.close()
+        self._prefetchers.clear()
+
+    @override
     def state_dict(self) -> dict[str, Any]:
         """Where training is in its epoch, saved by Lightning in every checkpoint of a fit (see the module docstring).
 
@@ -484,9 +493,11 @@ class ImageNetDataModule(pl.LightningDataModule):
     ) -> DevicePrefetcher:
         decoder = partial(decode_crop_resize, size=size) if self.gpu_decode else None
         counted = BadImageCounter(loader, split)  # callbacks.bad_images.BadImageCount logs its per-epoch count
-        return prefetcher(
+        wrapped = prefetcher(
             counted, self._device(), IMAGENET_MEAN_255, IMAGENET_STD_255, self.channels_last, decoder=decoder
         )
+        self._prefetchers.add(wrapped)
+        return wrapped
 
     def _synthetic(self, length: int, seed: int) -> SyntheticBatches:
         h = self.hparams

@@ -19,6 +19,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -116,6 +117,7 @@ class DevicePrefetcher(LoaderProxy):
         #: While a list (the step report switches it on for a profiling window only), every CUDA batch appends its
         #: :class:`CopyEvents` to it; ``None`` costs nothing. list.append is atomic, also from the decode thread.
         self.timing: list[CopyEvents] | None = None
+        self._iterations: weakref.WeakSet = weakref.WeakSet()  # generators handed out and not yet finished
 
     # --- iteration ------------------------------------------------------------------------------------
     def _to_device(self, batch: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,6 +150,30 @@ class DevicePrefetcher(LoaderProxy):
         return CopyEvents(start, copied, done, issued, pinned, nbytes)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        batches = self._batches()
+        self._iterations.add(batches)
+        return batches
+
+    def close(self) -> None:
+        """Ends every iteration still in progress and shuts down the wrapped loader's persistent workers.
+
+        Lightning stops iterating at ``max_steps``, an exit after a profiling window or a preemption stop without
+        closing the iterator, and it shuts down the workers only of loaders it sees as ``DataLoader`` s, which this
+        wrapper hides. Left to garbage collection at interpreter exit, the workers would be terminated while the
+        decode thread may still be reading from them. Called by the data module's ``teardown``.
+        """
+        for batches in list(self._iterations):
+            batches.close()  # runs the generator's ``finally``: the decode thread is stopped and joined
+        self._iterations.clear()
+        loader = self.loader
+        while loader is not None and not isinstance(loader, torch.utils.data.DataLoader):
+            loader = getattr(loader, "loader", None)  # through the LoaderProxy wrappers
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+            loader._iterator = None
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not self.is_cuda:
             for batch in self.loader:
                 yield self._to_device(batch)

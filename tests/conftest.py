@@ -38,7 +38,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
     for obj in gc.get_objects():
-        if isinstance(obj, _MultiProcessingDataLoaderIter):
+        if type(obj) is _MultiProcessingDataLoaderIter:  # type(): isinstance would touch deprecated objects
             obj._shutdown_workers()
 
 

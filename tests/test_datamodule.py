@@ -461,3 +461,18 @@ def test_bad_root_through_train_py_exits_nonzero_naming_the_path(tmp_path: Path,
 def test_invalid_arguments(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ImageNetDataModule(**kwargs)
+
+
+def test_teardown_closes_the_loaders_it_made_and_their_workers(shapes_root: Path) -> None:
+    dm = small_dm(shapes_root, workers=1)
+    dm.trainer = fake_trainer()
+    dm.setup("fit")
+    train_loader, val_loader = dm.train_dataloader(), dm.val_dataloader()
+    batches = iter(train_loader)
+    next(batches)
+    next(iter(val_loader))
+    inner = [loader.loader.loader for loader in (train_loader, val_loader)]  # prefetcher -> bad-image counter -> loader
+    assert all(loader._iterator is not None for loader in inner)
+    dm.teardown("fit")
+    assert next(batches, None) is None
+    assert all(loader._iterator is None for loader in inner)

@@ -111,6 +111,23 @@ def test_iterating_twice_gives_the_same_epoch_again() -> None:
     assert len(first) == 5
 
 
+def test_close_ends_iterations_and_shuts_down_persistent_workers() -> None:
+    loader = uint8_loader(num_workers=2, persistent_workers=True)
+    prefetcher = DevicePrefetcher(loader, "cpu")
+    batches = iter(prefetcher)
+    next(batches)  # stopped mid-epoch, as Lightning does at max_steps
+    workers = list(loader._iterator._workers)
+    assert workers and all(w.is_alive() for w in workers)
+    prefetcher.close()
+    assert next(batches, None) is None  # the generator is closed
+    assert loader._iterator is None
+    for worker in workers:
+        worker.join(timeout=10)
+    assert not any(w.is_alive() for w in workers)
+    assert len(list(prefetcher)) == len(loader)  # still usable: a later epoch starts new workers
+    prefetcher.close()
+
+
 def test_copy_timing_is_off_by_default_and_inert_on_cpu() -> None:
     batches = uint8_batches()
     prefetcher = DevicePrefetcher(batches, "cpu")
