@@ -204,8 +204,8 @@ class DevicePrefetcher(LoaderProxy):
             return self._to_device(batch)
 
     def _threaded(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Decodes on a producer thread: the decoder's host work (file bytes to nvJPEG, one launch per crop) then
-        runs beside the training loop's own launches instead of in front of them; both release the GIL in C++."""
+        """Decodes on a producer thread: the decoder's host work (file bytes to nvJPEG, a few dozen launches per
+        batch) then runs beside the training loop's own launches instead of in front of them."""
         assert self.stream is not None
         handoff: queue.Queue = queue.Queue(maxsize=1)
         stop = threading.Event()
