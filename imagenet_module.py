@@ -220,7 +220,10 @@ class ImageNetClassifier(pl.LightningModule):
 
     @override
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return (self._compiled or self.model)(images)
+        # Not ``self._compiled or self.model``: the truth value of a compiled module calls its ``__len__``, which
+        # torch's OptimizedModule refuses for a module without one (a ResNet).
+        compiled = self._compiled
+        return (self.model if compiled is None else compiled)(images)
 
     # --- optimization ---------------------------------------------------------------------------------
     def global_batch_size(self) -> int:
