@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One device call on one GPU, in stages (each bounded by STAGE_TIMEOUT seconds, default 240):
+# One device call on a GPU machine, in stages (each bounded by STAGE_TIMEOUT seconds, default 240; report2 and ddp-P need 2 GPUs):
 #   bash bench/gpu_session.sh OUTDIR STAGE...
 # tests    : python -m pytest -m gpu (every GPU test of the suite)
 # decode   : bench/decode_bench.py: nvJPEG decode and the per-image vs batched crop/resize on a JPEG folder
 # eager-P  : bench/throughput.py, precision P (bf16|fp16), eager: raw loop, app synthetic, NVTX on, PIL folder, nvJPEG
 # compile-P: the same compiled (torch.compile), without the NVTX and PIL rows
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
+# report2  : the same on 2 GPUs (DDP): one report with both ranks
+# ddp-P    : bench/throughput.py on 1 and 2 GPUs (torchrun): raw loop, app synthetic, app nvJPEG folder; scaling
+# The step reports (JSON, Markdown, PNG) land in OUTDIR/report_run*/.../step_report/.
 set -uo pipefail
 out=${1:?OUTDIR}; shift
 mkdir -p "$out"
@@ -22,13 +25,23 @@ for stage in "$@"; do
   eager-*|compile-*)
     jpegs; p=${stage#*-}; flags=(); variants=raw,app_synthetic,app_nvtx,app_folder,app_folder_gpu
     [ "${stage%%-*}" = compile ] && flags=(--compile) && variants=raw,app_synthetic,app_folder_gpu
-    timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" --channels-last "${flags[@]}" \
-      --workers "$(nproc)" --variants "$variants" --data /tmp/jpegs > "$out/throughput_$stage.txt" 2>&1
+    BENCH_STACKS_AFTER_S=150 timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \
+      --channels-last "${flags[@]}" --workers "$(nproc)" --variants "$variants" --data /tmp/jpegs \
+      > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
-  report) jpegs; timeout "$limit" python3 train.py --config configs/resnet50_imagenet.yaml --data.root /tmp/jpegs \
-    --data.workers "$(nproc)" --data.decode gpu --trainer.max_steps 40 --trainer.enable_progress_bar false \
-    --trainer.default_root_dir "$out/report_run" --profile.start_step 20 --profile.num_steps 10 2>&1 \
-    | tail -30 | tee "$out/report.txt" ;;
+  report|report2)
+    jpegs; n=1; [ "$stage" = report2 ] && n=2
+    timeout "$limit" python3 train.py --config configs/resnet50_imagenet.yaml --data.root /tmp/jpegs \
+      --data.workers $(($(nproc) / n)) --data.decode gpu --data.batch_size 256 --trainer.devices "$n" \
+      --trainer.max_steps 40 --trainer.enable_progress_bar false --trainer.default_root_dir "$out/${stage}_run" \
+      --trainer.logger.init_args.save_dir "$out/${stage}_run" --profile.start_step 20 --profile.num_steps 10 2>&1 \
+      | grep -A9 "step report," | tee "$out/$stage.txt" ;;
+  ddp-*)
+    jpegs; p=${stage#*-}
+    BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \
+      --channels-last --gpus 1,2 --launcher torchrun --workers $(($(nproc) / 2)) \
+      --variants raw,app_synthetic,app_folder_gpu --data /tmp/jpegs > "$out/throughput_$stage.txt" 2>&1
+    table "$out/throughput_$stage.txt" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
