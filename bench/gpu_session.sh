@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call on a GPU machine, in stages (each bounded by STAGE_TIMEOUT seconds, default 240; report2 and ddp-P need 2 GPUs):
+# One device call on a GPU machine, in stages, each bounded by STAGE_TIMEOUT seconds (default 240); report2 and ddp-P
+# need 2 GPUs:
 #   bash bench/gpu_session.sh OUTDIR STAGE...
 # tests    : python -m pytest -m gpu (every GPU test of the suite)
 # decode   : bench/decode_bench.py: nvJPEG decode and the per-image vs batched crop/resize on a JPEG folder
@@ -19,7 +20,8 @@ table() { grep -v "^app\|^raw" "$1"; }
 for stage in "$@"; do
   echo "=== $stage (t=${SECONDS}s)"
   case $stage in
-  tests) timeout "$limit" python3 -m pytest -m gpu -q -p no:cacheprovider -x tests 2>&1 | tail -25 | tee "$out/pytest_gpu.txt" ;;
+  tests) timeout "$limit" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests > "$out/pytest_gpu.txt" 2>&1
+    tail -25 "$out/pytest_gpu.txt" ;;
   decode) jpegs; timeout "$limit" python3 bench/decode_bench.py --data /tmp/jpegs --batch 256 --iters 20 2>&1 \
     | tee "$out/decode_bench.txt" | tail -20 ;;
   eager-*|compile-*)
