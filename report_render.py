@@ -90,19 +90,20 @@ def render_png(report: dict, max_ranks: int = 8) -> bytes:
 
     colors = {"data": (214, 39, 40), "forward": (31, 119, 180), "backward": (44, 160, 44), "optimizer": (255, 127, 14),
               "other": (170, 170, 170), "h2d": (148, 103, 189)}  # fmt: skip
-    ranks = report["ranks"][:max_ranks]
+    ranks = [r for r in report["ranks"] if r["steps"]][:max_ranks]  # a rank without steps has nothing to draw
     panels: list[tuple[str, list[str], list[dict], list[float | None]]] = []
     for r in ranks:
         clock = r["stats"]["clocks"][-1]
         panels.append((f"rank {r['rank']} per step ({clock} clock, ms)", [str(s["step"]) for s in r["steps"]],
                        [s[clock] for s in r["steps"]], [s.get("h2d") for s in r["steps"]]))  # fmt: skip
-    if report["world_size"] > 1:
-        clock = "gpu" if all("gpu" in r["stats"]["clocks"] for r in report["ranks"]) else "host"
+    timed = [r for r in report["ranks"] if r["steps"]]
+    if len(timed) > 1:
+        clock = "gpu" if all("gpu" in r["stats"]["clocks"] for r in timed) else "host"
         slow = {s["rank"] for s in report["stragglers"]}
         panels.append((f"median step per rank ({clock} clock, ms; * straggler)",
-                       [f"{r['rank']}{'*' if r['rank'] in slow else ''}" for r in report["ranks"]],
-                       [r["stats"][clock]["median_ms"] for r in report["ranks"]],
-                       [r["stats"]["h2d_ms"] for r in report["ranks"]]))  # fmt: skip
+                       [f"{r['rank']}{'*' if r['rank'] in slow else ''}" for r in timed],
+                       [r["stats"][clock]["median_ms"] for r in timed],
+                       [r["stats"]["h2d_ms"] for r in timed]))  # fmt: skip
     width, panel_h, top = 960, 190, 80
     image = Image.new("RGB", (width, top + panel_h * len(panels) + 10), "white")
     draw = ImageDraw.Draw(image)

@@ -70,7 +70,8 @@ STRAGGLER_PCT = 5.0  # a rank spending this share of a step more in UNSYNCED pha
 def rank_stats(summary: dict) -> dict:
     """Aggregates of one rank: medians and means per phase and clock, split in %, images/s, data wait %."""
     steps = summary["steps"]
-    clocks = ["host"] + (["gpu"] if steps and all(s.get("gpu") for s in steps) else [])
+    # No steps: a window whose only step never ended (training stopped inside it); every figure is then None.
+    clocks = (["host"] + (["gpu"] if all(s.get("gpu") for s in steps) else [])) if steps else []
     out: dict[str, Any] = {"clocks": clocks}
     for clock in clocks:
         mean = {p: statistics.fmean(s[clock][p] for s in steps) for p in (*PHASES, "total")}
@@ -85,9 +86,8 @@ def rank_stats(summary: dict) -> dict:
     out["images_per_s"] = round(out["images"] / (wall / 1000), 2) if out["images"] and wall > 0 else None
     out["step_ms"] = out["host"]["median_ms"]["total"] if steps else None
     out["data_pct"] = out["host"]["pct"]["data"] if steps else None
-    clock = clocks[-1]
     out["unsynced_ms"] = (
-        round(statistics.median(sum(s[clock][p] for p in UNSYNCED) for s in steps), 4) if steps else None
+        round(statistics.median(sum(s[clocks[-1]][p] for p in UNSYNCED) for s in steps), 4) if steps else None
     )
     h2d = [s["h2d"] for s in steps if s.get("h2d") is not None]
     out["h2d_ms"] = round(statistics.median(h2d), 4) if h2d else None
@@ -104,6 +104,7 @@ def stragglers(ranks: Sequence[dict], pct: float = STRAGGLER_PCT) -> list[dict]:
     shows instead as more time in :data:`UNSYNCED` phases (data, optimizer, other) than the median of the other ranks.
     A rank whose forward/backward compute itself is slow is not seen this way (the Kineto trace shows it per kernel).
     """
+    ranks = [r for r in ranks if r["stats"]["unsynced_ms"] is not None]  # ranks without steps have nothing to say
     if len(ranks) < 2:
         return []
     clock = "gpu" if all("gpu" in r["stats"]["clocks"] for r in ranks) else "host"
@@ -159,14 +160,15 @@ def build_report(summaries: Sequence[dict]) -> dict:
     busy = [r["gpu_busy"] for r in ranks if r.get("gpu_busy") is not None]
     ips = [r["stats"]["images_per_s"] for r in ranks]
     steps_ms = [r["stats"]["step_ms"] for r in ranks if r["stats"]["step_ms"] is not None]
-    data = [r["stats"]["data_pct"] for r in ranks if r["stats"]["data_pct"] is not None]
+    data_by_rank = [(r["stats"]["data_pct"], r["rank"]) for r in ranks if r["stats"]["data_pct"] is not None]
+    data = [pct for pct, _ in data_by_rank]
     overall = {
         "world_size": len(ranks),
         "images_per_s": round(sum(ips), 2) if ips and None not in ips else None,
         "step_ms": round(statistics.median(steps_ms), 4) if steps_ms else None,
         "data_pct": round(statistics.fmean(data), 2) if data else None,
         "data_pct_max": max(data) if data else None,
-        "data_pct_max_rank": ranks[data.index(max(data))]["rank"] if data else None,
+        "data_pct_max_rank": max(data_by_rank)[1] if data else None,
         "gpu_busy": round(statistics.fmean(busy), 4) if busy else None,
         "gpu_busy_source": "/".join(sorted({r["gpu_busy_source"] for r in ranks if r.get("gpu_busy_source")})) or None,
         "cuda": any(r.get("device", "").startswith("cuda") for r in ranks),
@@ -358,7 +360,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         summaries = []
         for rank, trace in members:
             batch = args.batch_size or _batch_size_from_config(trace)
-            summaries.append(summarize_trace(load_trace(trace), rank=rank, batch_size=batch))
+            try:
+                summaries.append(summarize_trace(load_trace(trace), rank=rank, batch_size=batch))
+            except (ValueError, KeyError, OSError) as error:
+                raise SystemExit(f"step_report: {trace}: {error}") from error
         report = build_report(summaries)
         out = Path(args.out) if args.out else (folder.parent if folder.name == "traces" else folder) / "step_report"
         paths = write_report(report, out, f"window_{report['window'][0]}-{report['window'][1]}.kineto")

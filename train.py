@@ -19,7 +19,6 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.plugins.io import TorchCheckpointIO
@@ -28,6 +27,7 @@ import apex_compat
 from callbacks import ProfilerWindow
 from callbacks.bad_images import BadImageCount
 from callbacks.preemption import PreemptionHandler
+from callbacks.resumable_checkpoint import ResumableCheckpoint
 from checkpoint_io import AtomicCheckpointIO
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
@@ -42,7 +42,7 @@ class ImageNetCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.batch_size", "model.batch_size")
         parser.link_arguments("model.channels_last", "data.channels_last")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(ResumableCheckpoint, "checkpoint")
         parser.set_defaults(
             {
                 "checkpoint.monitor": "val_acc1",
@@ -55,7 +55,7 @@ class ImageNetCLI(LightningCLI):
         # Lightning 2.6 writes save_last's last.ckpt only when a top-k checkpoint is saved at the same step, so with a
         # monitored metric last.ckpt would be the best state, not the latest, and a resume would go back in time.
         # A second, unmonitored checkpoint named "last" is always the latest state.
-        parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
+        parser.add_lightning_class_args(ResumableCheckpoint, "last_checkpoint")
         parser.set_defaults(
             {
                 "last_checkpoint.filename": "last",

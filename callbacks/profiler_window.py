@@ -325,11 +325,17 @@ class ProfilerWindow(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # A window cut short by the end of training: report the steps it holds. Every rank gets here at the same
+        # A window cut short by the end of training: close it as a full one would be (its Kineto trace exported, the
+        # CUDA profiler stopped once its work ran) and report the steps it holds. Every rank gets here at the same
         # step (training ends together), so the report's gather is safe; after an exception it is not, and
         # on_exception drops the timing instead.
-        if self._window is not None and self.timer.active and self._step is None:
-            self._write_report(trainer, self._window)
+        window = self._window
+        if window is None or self._step is not None:
+            return
+        if self._cuda and self._profiling_here:
+            torch.cuda.synchronize(trainer.strategy.root_device)
+        self._close_window()
+        self._write_report(trainer, window)
 
     # --- the window -----------------------------------------------------------------------------------
     def _open_window(self, trainer: pl.Trainer, window: tuple[int, int]) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
-from pytorch_lightning.utilities import rank_zero_info
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
 import step_report
 from prefetcher import CopyEvents, DevicePrefetcher, SyntheticBatches
@@ -200,8 +200,12 @@ class StepTimer:
             summaries = gathered or []
         if trainer.global_rank != 0:
             return None
-        result = step_report.build_report(summaries)
-        files = step_report.write_report(result, folder)
+        try:
+            result = step_report.build_report(summaries)
+            files = step_report.write_report(result, folder)
+        except Exception as error:  # a diagnostic must not end the training (nor leave the other ranks waiting)
+            rank_zero_warn(f"profile: the step report of this window could not be written: {error!r}")
+            return None
         rank_zero_info("profile: " + "\n".join(step_report.summary_lines(result)))
         rank_zero_info(f"profile: step report written to {folder} ({', '.join(p.name for p in files)})")
         return result, files

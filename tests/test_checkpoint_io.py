@@ -17,7 +17,7 @@ import pytorch_lightning as pl
 import torch
 
 import checkpoint_io
-from checkpoint_io import AtomicCheckpointIO
+from checkpoint_io import AtomicCheckpointIO, repair_epoch_progress
 
 #: Exit status of a child that "died" on purpose in the middle of a save.
 DIED = 37
@@ -205,3 +205,45 @@ def test_trainer_uses_the_plugin(strategy: str) -> None:
         accelerator="cpu", devices=devices, strategy=strategy, plugins=[plugin], logger=False, enable_progress_bar=False
     )
     assert trainer.strategy.checkpoint_io is plugin
+
+
+# --- repair_epoch_progress ----------------------------------------------------------------------------------------
+def _loops(epoch: tuple[int, int, int, int], batch: tuple[int, int, int, int]) -> dict[str, Any]:
+    def counts(values: tuple[int, int, int, int]) -> dict[str, int]:
+        return dict(zip(("ready", "started", "processed", "completed"), values, strict=True))
+
+    return {
+        "loops": {
+            "fit_loop": {
+                "epoch_progress": {"total": counts(epoch), "current": counts(epoch)},
+                "epoch_loop.batch_progress": {"total": counts(batch), "current": counts(batch)},
+            }
+        }
+    }
+
+
+def test_repair_gives_a_batch_end_checkpoint_of_an_unstarted_epoch_its_start() -> None:
+    # Saved after batch 2 of epoch 1 in the epoch that followed an epoch-end resume: epoch 1 was never counted started.
+    checkpoint = _loops(epoch=(1, 1, 1, 1), batch=(2, 2, 2, 1))
+    assert repair_epoch_progress(checkpoint)
+    progress = checkpoint["loops"]["fit_loop"]["epoch_progress"]
+    assert progress["current"] == progress["total"] == {"ready": 2, "started": 2, "processed": 1, "completed": 1}
+
+
+@pytest.mark.parametrize(
+    "epoch, batch",
+    [
+        ((2, 2, 1, 1), (2, 2, 2, 1)),  # an uninterrupted run's batch-end checkpoint in epoch 1
+        ((2, 2, 1, 1), (4, 4, 4, 4)),  # its validation-end checkpoint
+        ((2, 2, 2, 2), (4, 4, 4, 4)),  # saved after the epoch completed (trainer.save_checkpoint after fit)
+    ],
+)
+def test_repair_leaves_consistent_progress_alone(epoch: tuple, batch: tuple) -> None:
+    checkpoint = _loops(epoch, batch)
+    assert not repair_epoch_progress(checkpoint)
+    assert checkpoint == _loops(epoch, batch)
+
+
+def test_repair_ignores_another_layout() -> None:
+    assert not repair_epoch_progress({"state_dict": {}})
+    assert not repair_epoch_progress({"loops": {"fit_loop": {"epoch_progress": {"current": {}}}}})

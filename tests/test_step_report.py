@@ -333,3 +333,20 @@ def test_two_gpu_ddp_report_holds_both_ranks_with_gpu_times(tmp_path: Path):
         assert all(s["gpu"]["total"] > 0 and s["images"] == 64 for s in rank["steps"])
         assert rank["copies"]["pinned"] == rank["copies"]["count"] >= 4 and 0 <= rank["copies"]["overlap"] <= 1
     assert report["overall"]["images_per_s"] > 0 and path.with_suffix(".png").stat().st_size > 1000
+
+
+def test_a_rank_without_steps_and_the_rank_of_the_largest_data_wait(tmp_path: Path):
+    with_steps = [
+        {"rank": r, "device": "cpu", "source": "host", "window": [0, 1], "wall_ms": 20.0, "gpu_busy": None,
+         "gpu_busy_source": None, "copies": None, "input": "prefetcher",
+         "steps": [{"step": i, "images": 4, "host": {"data": data, "forward": 4.0, "backward": 4.0, "optimizer": 1.0,
+                                                    "other": 1.0 - data, "total": 10.0}, "gpu": None, "h2d": None,
+                    "lag": None} for i in range(2)]}
+        for r, data in ((1, 0.5), (2, 0.9))
+    ]  # fmt: skip
+    empty = {**with_steps[0], "rank": 0, "steps": [], "wall_ms": 0.0}  # its only step never ended
+    report = build_report([empty, *with_steps])
+    assert report["ranks"][0]["stats"]["step_ms"] is None
+    assert report["overall"]["data_pct_max"] == 9.0 and report["overall"]["data_pct_max_rank"] == 2
+    assert report["stragglers"] == []
+    assert [p.suffix for p in step_report.write_report(report, tmp_path)] == [".json", ".md", ".png"]

@@ -226,13 +226,26 @@ def test_report_off_records_and_writes_nothing(tmp_path):
     assert not (tmp_path / "step_report").exists() and window.reports == [] and not window.timer.active
 
 
-def test_window_cut_short_by_the_end_of_training_reports_its_steps(tmp_path):
-    window = ProfilerWindow(start_step=4, num_steps=5)
+def test_window_cut_short_by_the_end_of_training_reports_its_steps_and_exports_its_trace(tmp_path):
+    window = ProfilerWindow(start_step=4, num_steps=5, torch_profiler=True, trace_dir=str(tmp_path / "traces"))
     with pytest.warns(UserWarning, match="cut short"):
         trainer = fit(tmp_path, window, max_steps=6)
     assert trainer.global_step == 6
     (report,) = window.reports
     assert report["window"] == [4, 5] and [s["step"] for s in report["ranks"][0]["steps"]] == [4, 5]
+    (trace,) = window.trace_files  # closed as a full window is, not dropped at teardown
+    assert trace.is_file() and report["ranks"][0]["source"] == "host+kineto"
+
+
+def test_a_report_that_cannot_be_written_is_a_warning_not_the_end_of_training(tmp_path, monkeypatch):
+    def full_disk(*args, **kwargs):  # noqa: ANN002, ANN003
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(step_report, "write_report", full_disk)
+    window = ProfilerWindow(start_step=2, num_steps=2, exit_after=False)
+    with pytest.warns(UserWarning, match="step report of this window could not be written.*No space left"):
+        trainer = fit(tmp_path, window, max_steps=6)
+    assert trainer.global_step == 6 and window.reports == []
 
 
 def test_several_windows_write_one_report_each(tmp_path):

@@ -1,0 +1,55 @@
+"""``ModelCheckpoint`` whose checkpoints resume exactly, also after a resume (two gaps of Lightning 2.6).
+
+1. **No checkpoint in the middle of an optimizer step after a resume.** ``ModelCheckpoint`` skips a save when it
+   already saved at the current ``global_step``, but it does not keep that step across a restart: in a run resumed
+   with gradient accumulation, the first micro-batch's ``on_train_batch_end`` (same ``global_step`` as the restored
+   checkpoint, ``every_n_train_steps`` due) writes a checkpoint after one micro-batch of the next step. Resumed from
+   that file, the accumulated gradient of that micro-batch is gone (gradients are not saved) and the step is built from
+   the remaining micro-batches alone. The restored step now counts as saved.
+2. **The epoch after an epoch-end resume counts as started.** Resumed from a checkpoint taken after the last batch
+   of an epoch, Lightning runs the next epoch without counting it as started (its epoch progress reads
+   ``ready == completed`` during the epoch; it also skips ``on_train_epoch_start``). Every checkpoint written in that
+   epoch would carry that state, and a run resumed from one of them restarts the epoch's batch count, skips the rest
+   of the epoch, or trains it twice, depending on where it was taken: at a batch end, at validation end, or at the
+   epoch end. During a training batch an uninterrupted run always has ``ready == started == completed + 1``; this
+   sets exactly that at the first batch of such an epoch, before any checkpoint of it is written (Lightning runs
+   checkpoint callbacks last). ``checkpoint_io.repair_epoch_progress`` repairs the batch-end checkpoints written
+   before this existed.
+
+Both are no-ops in a run that was not resumed. ``train.py`` uses this class for ``--checkpoint.*`` and
+``--last_checkpoint.*``; every other argument is ``ModelCheckpoint``'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+try:
+    from typing_extensions import override
+except ImportError:  # pragma: no cover
+    from typing import override  # type: ignore[attr-defined,no-redef]
+
+
+class ResumableCheckpoint(ModelCheckpoint):
+    """:class:`~pytorch_lightning.callbacks.ModelCheckpoint` that keeps resumed runs exact (see the module docstring).
+
+    Takes ``ModelCheckpoint``'s arguments.
+    """
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # 0 in a fresh run, as ModelCheckpoint starts; the restored step after a resume (saved before the stop).
+        self._last_global_step_saved = trainer.global_step
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        progress = trainer.fit_loop.epoch_progress
+        for counts in (progress.total, progress.current):
+            if counts.ready == counts.completed:  # an epoch being trained that Lightning did not count as started
+                counts.ready = counts.started = counts.completed + 1
