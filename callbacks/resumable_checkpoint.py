@@ -5,7 +5,8 @@
    with gradient accumulation, the first micro-batch's ``on_train_batch_end`` (same ``global_step`` as the restored
    checkpoint, ``every_n_train_steps`` due) writes a checkpoint after one micro-batch of the next step. Resumed from
    that file, the accumulated gradient of that micro-batch is gone (gradients are not saved) and the step is built from
-   the remaining micro-batches alone. The restored step now counts as saved.
+   the remaining micro-batches alone. Here a batch that did not complete an optimizer step (``global_step``
+   unchanged) saves nothing, which is what an uninterrupted run does anyway; validation-end saves are untouched.
 2. **The epoch after an epoch-end resume counts as started.** Resumed from a checkpoint taken after the last batch
    of an epoch, Lightning runs the next epoch without counting it as started (its epoch progress reads
    ``ready == completed`` during the epoch; it also skips ``on_train_epoch_start``). Every checkpoint written in that
@@ -39,17 +40,24 @@ class ResumableCheckpoint(ModelCheckpoint):
     Takes ``ModelCheckpoint``'s arguments.
     """
 
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        super().on_train_start(trainer, pl_module)
-        # 0 in a fresh run, as ModelCheckpoint starts; the restored step after a resume (saved before the stop).
-        self._last_global_step_saved = trainer.global_step
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._step_before_batch: int | None = None
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._step_before_batch = trainer.global_step
         progress = trainer.fit_loop.epoch_progress
         for counts in (progress.total, progress.current):
             if counts.ready == counts.completed:  # an epoch being trained that Lightning did not count as started
                 counts.ready = counts.started = counts.completed + 1
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self._step_before_batch:
+            return  # a micro-batch inside an accumulated step: the optimizer did not step, there is nothing to save
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
