@@ -14,7 +14,8 @@ checkpoint save near the epoch boundary, in the middle of epoch 1. After each ki
 
 Where the kills land depends on timing; one sequence matters enough to be run deterministically as well (in this
 process, stopped by ``--trainer.max_steps``): a resume from the checkpoint of an epoch's last batch, then a second
-resume in the middle of the next epoch, which needs checkpoint_io's repair of Lightning's epoch progress.
+resume in the middle of the next epoch, which needs the epoch counted as started (callbacks/resumable_checkpoint.py)
+or, for a checkpoint written without it, checkpoint_io's repair of Lightning's epoch progress.
 """
 
 from __future__ import annotations
