@@ -94,10 +94,20 @@ def _tiny_args(root: Path | str, run_dir: Path | str, **overrides: object) -> li
     return args
 
 
-def _run_train(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    """Runs ``python train.py *args`` in ``cwd`` with the test helpers importable; returns the finished process."""
+def _run_train(
+    args: list[str], cwd: Path, timeout: float = 180, env_changes: dict[str, str | None] | None = None
+) -> subprocess.CompletedProcess:
+    """Runs ``python train.py *args`` in ``cwd`` with the test helpers importable; returns the finished process.
+
+    ``env_changes`` sets environment variables for the run (``None``: unset).
+    """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    for name, value in (env_changes or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     return subprocess.run(
         [sys.executable, str(REPO / "train.py"), *args],
         cwd=cwd,

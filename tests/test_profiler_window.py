@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from profiling_helpers import ddp_synthetic_args
 
 import callbacks.ranges
 import shapes_dataset
@@ -255,20 +255,13 @@ def test_cli_rejects_a_negative_start_before_training(tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_two_cpu_ranks_stop_together_and_write_one_trace_each(tmp_path):
-    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'tests'}{os.pathsep}{ROOT}", FINAL_STEP_DIR=str(tmp_path))
-    env.pop("CUDA_INJECTION64_PATH", None)
-    cmd = [
-        sys.executable, "train.py", "fit", "--config", "configs/quickstart.yaml",
-        "--data.source", "synthetic", "--data.synthetic_num_classes", "10", "--data.synthetic_train_steps", "30",
-        "--data.batch_size", "4", "--data.crop_size", "32", "--model.arch", "resnet18",
-        "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
-        "--trainer.max_steps", "30", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
-        "--trainer.callbacks+=profiling_helpers.FinalStepRecorder",
+def test_ddp_two_cpu_ranks_stop_together_and_write_one_trace_each(tmp_path, run_train):
+    args = [
+        *ddp_synthetic_args(tmp_path), "--trainer.callbacks+=profiling_helpers.FinalStepRecorder",
         "--profile.start_step", "3", "--profile.num_steps", "2", "--profile.torch_profiler", "true",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    env_changes = {"FINAL_STEP_DIR": str(tmp_path), "CUDA_INJECTION64_PATH": None}
+    proc = run_train(args, cwd=ROOT, timeout=240, env_changes=env_changes)
     assert proc.returncode == 0, proc.stderr[-3000:]
     finals = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
     assert finals == {0: {"global_step": 5}, 1: {"global_step": 5}}

@@ -5,9 +5,6 @@ two-process CPU DDP with a slow rank flagged on rank 0."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import pytorch_lightning as pl
 import torch
+from profiling_helpers import ddp_synthetic_args
 
 import step_report
 from callbacks import ProfilerWindow
@@ -277,20 +275,12 @@ class SlowRank(pl.Callback):
 
 
 @pytest.mark.slow
-def test_ddp_two_cpu_ranks_report_both_on_rank_0_and_flag_the_slow_one(tmp_path):
-    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'tests'}{os.pathsep}{ROOT}")
-    env.pop("CUDA_INJECTION64_PATH", None)
-    cmd = [
-        sys.executable, "train.py", "fit", "--config", "configs/quickstart.yaml",
-        "--data.source", "synthetic", "--data.synthetic_num_classes", "10", "--data.synthetic_train_steps", "30",
-        "--data.batch_size", "4", "--data.crop_size", "32", "--model.arch", "resnet18",
-        "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
-        "--trainer.max_steps", "30", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
-        "--trainer.callbacks+=test_step_timer.SlowRank",
+def test_ddp_two_cpu_ranks_report_both_on_rank_0_and_flag_the_slow_one(tmp_path, run_train):
+    args = [
+        *ddp_synthetic_args(tmp_path), "--trainer.callbacks+=test_step_timer.SlowRank",
         "--profile.start_step", "3", "--profile.num_steps", "3", "--profile.report", "true",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_train(args, cwd=ROOT, timeout=300, env_changes={"CUDA_INJECTION64_PATH": None})
     assert proc.returncode == 0, proc.stderr[-3000:]
     (folder,) = {p.parent for p in tmp_path.rglob("step_report/*")}
     assert sorted(p.name for p in folder.iterdir()) == ["window_3-5.json", "window_3-5.md", "window_3-5.png"]
