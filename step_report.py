@@ -32,27 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from report_render import markdown, render_png
-from trace_summary import (
-    INPUT_COPY_MIN_BYTES,
-    PHASES,
-    RANGE_PHASES,
-    STEP_RE,
-    TRACE_NAME_RE,
-    Interval,
-    copy_stats,
-    length,
-    load_trace,
-    overlap,
-    phase_times,
-    summarize_trace,
-    union,
-)
-
-__all__ = [  # what the callback and the tests use from here; the analysis itself lives in trace_summary
-    "INPUT_COPY_MIN_BYTES", "PHASES", "RANGE_PHASES", "STEP_RE", "TRACE_NAME_RE", "Interval", "build_report",
-    "copy_stats", "length", "load_trace", "main", "markdown", "overlap", "phase_times", "render_png", "stragglers",
-    "summarize_trace", "summary_lines", "union", "verdict", "write_atomic", "write_report",
-]  # fmt: skip
+from trace_summary import PHASES, TRACE_NAME_RE, copy_stats, load_trace, summarize_trace
 
 #: Thresholds of the verdict.
 DATA_WAIT_PCT = 5.0  # data wait above this share of the step: input-bound

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
 import step_report
+import trace_summary
 from prefetcher import CopyEvents, DevicePrefetcher, SyntheticBatches
 
 BEGIN, END = True, False
@@ -49,7 +50,7 @@ class StepTimer:
     """Records phase boundaries of the steps of one window and turns them into a rank summary.
 
     Marks are ``(step, name, begin?, host seconds, CUDA event or None)``; ``name`` is ``step`` or a phase of
-    :data:`step_report.RANGE_PHASES`. A phase may open and close several times in a step (gradient accumulation).
+    :data:`trace_summary.RANGE_PHASES`. A phase may open and close several times in a step (gradient accumulation).
     """
 
     def __init__(self) -> None:
@@ -112,7 +113,7 @@ class StepTimer:
 
     def end_phases(self, step: int) -> None:
         """Closes every open phase (not the step): the end of a micro-batch or of the step."""
-        for name in [n for n in step_report.RANGE_PHASES if n in self._open]:
+        for name in [n for n in trace_summary.RANGE_PHASES if n in self._open]:
             self.mark(step, name, END)
 
     def add_images(self, step: int, batch: Any) -> None:
@@ -184,7 +185,7 @@ class StepTimer:
         writes the report there; returns it and its files on rank 0 (``None`` elsewhere). Every rank must call it."""
         if trace is not None and trace.is_file():
             try:
-                exact = step_report.summarize_trace(step_report.load_trace(trace), rank=summary["rank"])
+                exact = trace_summary.summarize_trace(trace_summary.load_trace(trace), rank=summary["rank"])
             except (ValueError, KeyError, OSError) as error:
                 rank_zero_info(f"profile: step report: the Kineto trace {trace} is not usable ({error})")
             else:
@@ -228,7 +229,7 @@ def _steps(marks: list, host: list[float], gpu: list[float] | None, images: dict
             if intervals is None:
                 break  # the step never ended (cannot happen at a window's end): leave it out
             entry[clock] = intervals[0]
-            row[clock] = {k: round(v, 4) for k, v in step_report.phase_times(*intervals).items()}
+            row[clock] = {k: round(v, 4) for k, v in trace_summary.phase_times(*intervals).items()}
             entry[f"{clock}_phases"] = intervals[1]
         else:
             if gpu is not None:
@@ -273,7 +274,7 @@ def _copies(copies: list[CopyEvents], reference: Any, steps: list[dict], backlog
         if not (c.start.query() and c.copied.query() and c.done.query()):
             continue  # issued after the window's sync by the decode thread: not part of this window
         interval = (reference.elapsed_time(c.start), reference.elapsed_time(c.copied))
-        t, o = step_report.overlap([interval], compute)
+        t, o = trace_summary.overlap([interval], compute)
         total, inside = total + t, inside + o
         done.append(c)
         # The step whose host time the copy was issued in (side-stream time: not part of the step's sum).
@@ -283,4 +284,4 @@ def _copies(copies: list[CopyEvents], reference: Any, steps: list[dict], backlog
             row["h2d"] = round((row["h2d"] or 0.0) + interval[1] - interval[0], 4)
     pinned = sum(c.pinned is True for c in done)
     pageable = sum(c.pinned is False for c in done)
-    return step_report.copy_stats(total, inside, pinned, pageable, len(done), "events")
+    return trace_summary.copy_stats(total, inside, pinned, pageable, len(done), "events")

@@ -19,10 +19,12 @@ from PIL import Image
 
 import shapes_dataset
 import step_report
+import trace_summary
 from callbacks import ProfilerWindow
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
-from step_report import build_report, overlap, phase_times, summarize_trace, union, verdict
+from step_report import build_report, verdict
+from trace_summary import overlap, phase_times, summarize_trace, union
 
 
 # --- interval arithmetic -----------------------------------------------------------------------------------------
@@ -36,7 +38,7 @@ def test_overlap_of_a_copy_with_compute_is_the_shared_part():
 
 def test_union_merges_and_drops_empty_intervals():
     assert union([(5, 7), (0, 2), (1, 3), (7, 9), (4, 4)]) == [(0, 3), (5, 9)]
-    assert step_report.length([(0, 2), (1, 3), (10, 11)]) == 4
+    assert trace_summary.length([(0, 2), (1, 3), (10, 11)]) == 4
 
 
 def test_phase_times_sum_to_the_step_with_other_as_the_rest():
@@ -50,7 +52,7 @@ def test_phase_times_sum_to_the_step_with_other_as_the_rest():
         },
     )
     assert times == {"data": 15, "forward": 35, "backward": 30, "optimizer": 16, "other": 4, "total": 100}
-    assert sum(times[p] for p in step_report.PHASES) == times["total"]
+    assert sum(times[p] for p in trace_summary.PHASES) == times["total"]
     # Parts outside the step are clipped, and a missing phase is zero.
     assert phase_times((0, 10), {"data": [(-5, 3)]}) == {
         "data": 3, "forward": 0, "backward": 0, "optimizer": 0, "other": 7, "total": 10,
@@ -69,7 +71,7 @@ def rank_summary(rank: int = 0, steps: int = 4, data: float = 0.1, forward: floa
         for i in range(steps)
     ]  # fmt: skip
     if copies is None and gpu:
-        copies = step_report.copy_stats(40.0, 39.84, pinned=4, pageable=0, count=4, source="events")
+        copies = trace_summary.copy_stats(40.0, 39.84, pinned=4, pageable=0, count=4, source="events")
     return {
         "rank": rank, "device": "cuda:0" if gpu else "cpu", "source": "events" if gpu else "host",
         "window": [20, 20 + steps - 1], "steps": rows, "wall_ms": 100.0 * steps,
@@ -93,8 +95,8 @@ def test_report_of_a_hidden_prefetch_says_so_in_one_line():
     ("kwargs", "expected"),
     [
         ({"data": 20.0}, "input-bound: data wait is 20.0% of the step; more data.workers or data.decode gpu"),
-        ({"copies": step_report.copy_stats(40, 10, 0, 4, 4, "kineto")}, "copies are pageable (4 of 4): enable pin_m"),
-        ({"copies": step_report.copy_stats(40, 10, 4, 0, 4, "kineto")}, "copies serialize with compute: 25.0% of"),
+        ({"copies": trace_summary.copy_stats(40, 10, 0, 4, 4, "kineto")}, "copies are pageable (4 of 4): enable pin_m"),
+        ({"copies": trace_summary.copy_stats(40, 10, 4, 0, 4, "kineto")}, "copies serialize with compute: 25.0% of"),
         ({"lag": 0.05}, "host-bound: the GPU finishes each step 0.05 ms after the host issues it"),
         ({"gpu": False}, "CPU run: GPU times and copy overlap unavailable; data wait 0.1%"),
     ],
@@ -292,7 +294,7 @@ def test_gpu_window_reports_gpu_times_pinned_copies_and_overlap(tmp_path: Path, 
     assert [s["step"] for s in rank["steps"]] == [3, 4, 5]
     for s in rank["steps"]:
         assert s["images"] == 64 and s["gpu"]["total"] > 0 and s["gpu"]["backward"] > 0 and s["lag"] is not None
-        assert sum(s["gpu"][p] for p in step_report.PHASES) == pytest.approx(s["gpu"]["total"], abs=1e-3)
+        assert sum(s["gpu"][p] for p in trace_summary.PHASES) == pytest.approx(s["gpu"]["total"], abs=1e-3)
         assert s["h2d"] is not None and s["h2d"] > 0
     copies = report["overall"]["copies"]
     assert copies["count"] >= 3 and copies["pinned"] == copies["count"] and copies["pageable"] == 0

@@ -15,6 +15,7 @@ import torch
 from profiling_helpers import ddp_synthetic_args
 
 import step_report
+import trace_summary
 from callbacks import ProfilerWindow
 from callbacks.step_timer import StepTimer, batch_size, find_prefetchers
 from datamodule import ImageNetDataModule
@@ -69,7 +70,7 @@ def fake_trainer(device: str, loader: object = None) -> SimpleNamespace:
 
 def phases(*ms: float) -> object:
     """Phase times in the order data, forward, backward, optimizer, other, total, for an approximate comparison."""
-    return pytest.approx(dict(zip((*step_report.PHASES, "total"), ms, strict=True)))
+    return pytest.approx(dict(zip((*trace_summary.PHASES, "total"), ms, strict=True)))
 
 
 def run_step(timer: StepTimer, fake: FakeDevice, step: int, times: list[tuple[float, float]], images: int = 4):
@@ -200,7 +201,7 @@ def test_window_writes_json_markdown_and_png_with_one_row_per_step(tmp_path, cap
     assert [s["step"] for s in rank["steps"]] == [2, 3, 4]
     for row in rank["steps"]:
         assert row["images"] == 4 and row["gpu"] is None
-        assert sum(row["host"][p] for p in step_report.PHASES) == pytest.approx(row["host"]["total"], abs=1e-3)
+        assert sum(row["host"][p] for p in trace_summary.PHASES) == pytest.approx(row["host"]["total"], abs=1e-3)
         assert row["host"]["forward"] > 0 and row["host"]["backward"] > 0 and row["host"]["optimizer"] > 0
     assert sum(s["host"]["total"] for s in rank["steps"]) <= rank["wall_ms"] + 1e-3
     assert report["overall"]["images_per_s"] == pytest.approx(12 / (rank["wall_ms"] / 1000), rel=1e-3)
