@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call on a GPU machine, in stages, each bounded by STAGE_TIMEOUT seconds (default 240); report2 and ddp-P
-# need 2 GPUs:
+# One device call on a GPU machine, in stages, each bounded by STAGE_TIMEOUT seconds (default 240); report2 needs
+# 2 GPUs, ddp-P at least 2:
 #   bash bench/gpu_session.sh OUTDIR STAGE...
 # tests    : python -m pytest -m gpu (every GPU test of the suite)
 # decode   : bench/decode_bench.py: nvJPEG decode and the per-image vs batched crop/resize on a JPEG folder
@@ -8,7 +8,8 @@
 # compile-P: the same compiled (torch.compile), without the NVTX and PIL rows
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 # report2  : the same on 2 GPUs (DDP): one report with both ranks
-# ddp-P    : bench/throughput.py on 1 and 2 GPUs (torchrun): raw loop, app synthetic, app nvJPEG folder; scaling
+# ddp-P    : bench/throughput.py on 1 and all GPUs of the machine (torchrun): raw loop, app synthetic, app nvJPEG
+#            folder; scaling
 # The step reports (JSON, Markdown, PNG) land in OUTDIR/report_run*/.../step_report/.
 set -uo pipefail
 out=${1:?OUTDIR}; shift
@@ -39,9 +40,9 @@ for stage in "$@"; do
       --trainer.logger.init_args.save_dir "$out/${stage}_run" --profile.start_step 20 --profile.num_steps 10 2>&1 \
       | grep -A9 "step report," | tee "$out/$stage.txt" ;;
   ddp-*)
-    jpegs; p=${stage#*-}
+    jpegs; p=${stage#*-}; n=$(nvidia-smi -L | wc -l)
     BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \
-      --channels-last --gpus 1,2 --launcher torchrun --workers $(($(nproc) / 2)) \
+      --channels-last --gpus "1,$n" --launcher torchrun --workers $(($(nproc) / n)) \
       --variants raw,app_synthetic,app_folder_gpu --data /tmp/jpegs > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
