@@ -189,9 +189,15 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             f"copies are pageable ({copies['pageable']} of {copies['count']}): enable pin_memory in the DataLoader"
         )
     if data is not None and data > DATA_WAIT_PCT:
-        findings.append(
-            f"input-bound: data wait is {data:.1f}% of the step{where}; more data.workers or data.decode gpu"
-        )
+        if overall.get("input") == "gpu-decode":
+            # Measured on an H200: nvJPEG's CUDA decode of a batch takes GPU time that a saturated model cannot spare.
+            advice = (
+                "the JPEGs are decoded on the GPU, which training already keeps busy: data.decode cpu with more "
+                "data.workers (CPU cores per GPU)"
+            )
+        else:
+            advice = "more data.workers or data.decode gpu"
+        findings.append(f"input-bound: data wait is {data:.1f}% of the step{where}; {advice}")
     overlapped = copies["overlap"] if copies else None
     if overlapped is not None and overlapped < OVERLAP_OK and not (data is not None and data > DATA_WAIT_PCT):
         findings.append(
@@ -232,7 +238,9 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
         else:
             if copies["pinned"] == copies["count"]:
                 kind = "pinned"
-            elif copies["unknown"] == copies["count"] and copies.get("source") == "events":
+            elif overall.get("input") == "gpu-decode" or (
+                copies["unknown"] == copies["count"] and copies.get("source") == "events"
+            ):
                 kind = "JPEGs decoded on the GPU"  # data.decode gpu: encoded bytes, no pixel copy to pin
             else:
                 kind = f"pinned {copies['pinned']} of {copies['count']}"

@@ -10,25 +10,31 @@
 # report2  : the same on 2 GPUs (DDP): one report with both ranks
 # ddp-P    : bench/throughput.py on 1 and all GPUs of the machine (torchrun): raw loop, app synthetic, app nvJPEG
 #            folder; scaling
-# The step reports (JSON, Markdown, PNG) land in OUTDIR/report_run*/.../step_report/.
+# VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
+# LAUNCHER=lightning runs the ddp stage's app rows under Lightning's own launcher instead of torchrun.
+# The JPEG folder holds 30,000 training images: the timed steps of a 1-GPU run stay inside one epoch.
+# The step reports (JSON, Markdown, PNG) land in OUTDIR/report_step_report/ and OUTDIR/report2_step_report/.
 set -uo pipefail
 out=${1:?OUTDIR}; shift
 mkdir -p "$out"
 limit=${STAGE_TIMEOUT:-240}
-jpegs() { [ -d /tmp/jpegs ] || python3 bench/make_jpeg_folder.py /tmp/jpegs --classes 100 --train-per-class 96 \
+jpegs() { [ -d /tmp/jpegs ] || python3 bench/make_jpeg_folder.py /tmp/jpegs --classes 100 --train-per-class 300 \
   --val-per-class 4 > "$out/jpegs.txt"; }
 table() { grep -v "^app\|^raw" "$1"; }
 for stage in "$@"; do
   echo "=== $stage (t=${SECONDS}s)"
   case $stage in
-  tests) timeout "$limit" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests > "$out/pytest_gpu.txt" 2>&1
+  tests) timeout "$limit" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=25 tests \
+    > "$out/pytest_gpu.txt" 2>&1
     tail -25 "$out/pytest_gpu.txt" ;;
   decode) jpegs; timeout "$limit" python3 bench/decode_bench.py --data /tmp/jpegs --batch 256 --iters 20 2>&1 \
     | tee "$out/decode_bench.txt" | tail -20 ;;
   eager-*|compile-*)
     jpegs; p=${stage#*-}; flags=(); variants=raw,app_synthetic,app_nvtx,app_folder,app_folder_gpu
-    [ "${stage%%-*}" = compile ] && flags=(--compile) && variants=raw,app_synthetic,app_folder_gpu
-    BENCH_STACKS_AFTER_S=150 timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \
+    stacks=150; [ "${stage%%-*}" = compile ] && flags=(--compile) && variants=raw,app_synthetic,app_folder_gpu \
+      && stacks=240
+    variants=${VARIANTS:-$variants}
+    BENCH_STACKS_AFTER_S=$stacks timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \
       --channels-last "${flags[@]}" --workers "$(nproc)" --variants "$variants" --data /tmp/jpegs \
       > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
@@ -36,14 +42,16 @@ for stage in "$@"; do
     jpegs; n=1; [ "$stage" = report2 ] && n=2
     timeout "$limit" python3 train.py --config configs/resnet50_imagenet.yaml --data.root /tmp/jpegs \
       --data.workers $(($(nproc) / n)) --data.decode gpu --data.batch_size 256 --trainer.devices "$n" \
-      --trainer.max_steps 40 --trainer.enable_progress_bar false --trainer.default_root_dir "$out/${stage}_run" \
-      --trainer.logger.init_args.save_dir "$out/${stage}_run" --profile.start_step 20 --profile.num_steps 10 2>&1 \
-      | grep -A9 "step report," | tee "$out/$stage.txt" ;;
+      --trainer.max_steps 40 --trainer.enable_progress_bar false --trainer.default_root_dir "/tmp/${stage}_run" \
+      --trainer.logger.init_args.save_dir "/tmp/${stage}_run" --profile.start_step 20 --profile.num_steps 10 2>&1 \
+      | grep -A9 "step report," | tee "$out/$stage.txt"
+    # The report only: the run folder also holds ResNet-50 checkpoints, and is deeper than a device call returns.
+    cp -r "$(ls -dt /tmp/"${stage}"_run/*/version_*/step_report | head -1)" "$out/${stage}_step_report" ;;
   ddp-*)
     jpegs; p=${stage#*-}; n=$(nvidia-smi -L | wc -l)
     BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \
-      --channels-last --gpus "1,$n" --launcher torchrun --workers $(($(nproc) / n)) \
-      --variants raw,app_synthetic,app_folder_gpu --data /tmp/jpegs > "$out/throughput_$stage.txt" 2>&1
+      --channels-last --gpus "1,$n" --launcher "${LAUNCHER:-torchrun}" --workers $(($(nproc) / n)) \
+      --variants "${VARIANTS:-raw,app_synthetic,app_folder_gpu}" --data /tmp/jpegs > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac

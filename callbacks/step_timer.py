@@ -80,8 +80,10 @@ class StepTimer:
             self._prefetchers = find_prefetchers(loaders)
             for prefetcher in self._prefetchers:
                 prefetcher.timing = self._copies
-        if find_prefetchers(loaders):
-            self._input = "prefetcher"
+        prefetchers = find_prefetchers(loaders)
+        if prefetchers:
+            # The verdict's advice differs: an input stall with the GPU decoding is GPU time, not CPU cores.
+            self._input = "gpu-decode" if any(p.decoder is not None for p in prefetchers) else "prefetcher"
 
     def mark(self, step: int, name: str, begin: bool) -> None:
         """A phase boundary now: host time and, on CUDA, an event on the current (compute) stream."""

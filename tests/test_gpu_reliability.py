@@ -7,7 +7,8 @@
   other exit with an error within the DDP timeout (``DDPStrategy(timeout=...)``, ``--trainer.strategy.timeout`` in
   train.py), not hang. Either rank: rank 1 (a child of rank 0 under Lightning's launcher, whose observer kills the
   job), or rank 0 (its child rank 1 is then orphaned and must end on its own: through the failing gloo exchange of
-  the preemption handler, or NCCL's watchdog, which tears the process down once a collective has waited the timeout;
+  the preemption handler, or NCCL's watchdog, which tears the process down once a collective has waited the timeout
+  and then 4 x ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC`` for its debug dump;
   ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` defaults to 3, tear down without cleanup, in torch 2.2 and later, and is left
   at that default here). The CPU version of the rank-0 case (gloo) is in test_preemption.py.
 """
@@ -104,13 +105,19 @@ def test_two_deterministic_cuda_runs_are_bitwise_identical(
 def test_nccl_rank_killed_mid_training_makes_the_other_exit_within_the_timeout(
     die_rank: int, shapes_root: Path, tmp_path: Path
 ) -> None:
-    timeout = 15  # the DDP timeout; it also bounds the start-up rendezvous
-    slack = 45  # the watchdog's polling, a debug dump on timeout, process teardown
+    timeout = 30  # the DDP timeout; it also bounds the start-up rendezvous of both processes
+    # After a collective has waited the timeout, NCCL's watchdog waits 4 x TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC
+    # (15 s by default: a minute) for the flight recorder's debug dump before it ends the process (measured on 2
+    # H200s with the default: 75 s from the kill to the exit with a 15 s timeout). A shorter wait keeps the test short
+    # and shows that the bound follows the setting.
+    dump_wait_ms = 2000
+    slack = 4 * dump_wait_ms / 1000 + 30  # the dump wait, the watchdog's polling, process teardown
     out = tmp_path / "run"
     out.mkdir()
     env = dict(os.environ)
     for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT"):
         env.pop(name, None)  # torch's defaults: what a user gets
+    env["TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC"] = str(dump_wait_ms)
     command = [
         sys.executable, str(REAPER), str(out / "exits.json"),
         sys.executable, str(DRIVER), "--root", str(shapes_root), "--out", str(out), "--accelerator", "gpu",

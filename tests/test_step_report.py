@@ -106,6 +106,23 @@ def test_verdict_names_what_to_change(kwargs, expected):
     assert expected in report["verdict"], report["verdict"]
 
 
+def test_with_the_gpu_decoding_an_input_stall_points_at_cpu_cores_not_at_the_gpu_decoder():
+    decoded = trace_summary.copy_stats(40.0, 39.84, pinned=0, pageable=0, count=4, source="events")
+    stalled, hidden = rank_summary(data=20.0, copies=decoded), rank_summary(copies=decoded)
+    stalled["input"] = hidden["input"] = "gpu-decode"
+    assert build_report([stalled])["findings"] == [
+        "input-bound: data wait is 20.0% of the step; the JPEGs are decoded on the GPU, which training already keeps "
+        "busy: data.decode cpu with more data.workers (CPU cores per GPU)"
+    ]
+    assert (
+        build_report([hidden])["verdict"]
+        == "prefetch hidden: 99.6% overlapped, JPEGs decoded on the GPU, data wait 0.1%"
+    )
+    # The CPU path's stall keeps its own advice.
+    stalled["input"] = "prefetcher"
+    assert build_report([stalled])["findings"][0].endswith("; more data.workers or data.decode gpu")
+
+
 def test_verdict_host_bound_from_an_exact_busy_fraction():
     summary = rank_summary(busy=0.55)
     summary["gpu_busy_source"] = "kineto"

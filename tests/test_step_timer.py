@@ -129,6 +129,14 @@ def test_events_give_known_phase_times_lag_busy_fraction_and_copy_overlap():
     assert summary["input"] == "prefetcher"
 
 
+@pytest.mark.parametrize(("decoder", "expected"), [(None, "prefetcher"), (lambda files, device: files, "gpu-decode")])
+def test_the_summary_names_the_input_path(decoder, expected):
+    timer = StepTimer()
+    trainer = fake_trainer("cpu", loader=DevicePrefetcher([], "cpu", decoder=decoder))
+    timer.start(trainer, (0, 0))
+    assert timer.finish(trainer)["input"] == expected
+
+
 def test_host_clock_alone_on_cpu_with_gradient_accumulation():
     fake = FakeDevice()
     timer = StepTimer()

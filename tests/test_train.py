@@ -423,12 +423,37 @@ def test_gpu_fit_fp16_channels_last_with_workers(shapes_root: Path, tmp_path: Pa
     assert math.isfinite(float(cli.trainer.callback_metrics["val_loss"]))
     assert cli.datamodule.channels_last
     loader = cli.trainer.train_dataloader
-    assert loader.is_cuda and loader.loader.pin_memory
+    assert loader.is_cuda and loader.loader.loader.pin_memory  # prefetcher -> bad-image counter -> DataLoader
     images, targets = next(iter(loader))
     assert images.device.type == "cuda" and images.dtype == torch.float32
     assert images.is_contiguous(memory_format=torch.channels_last)
     assert targets.device.type == "cuda"
     assert sorted(find(cli, LRLog).lr) == list(range(8))
+
+
+@pytest.mark.gpu
+def test_cpu_checkpoint_resumes_on_the_gpu_in_fp16(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
+    """A checkpoint written on a CPU (optimizer state on the CPU, no GradScaler state) continues on a GPU in fp16."""
+
+    def fit(run: str, epochs: int, *extra: str) -> train.ImageNetCLI:
+        args = tiny_args(
+            shapes_root,
+            tmp_path / run,
+            trainer__max_epochs=epochs,
+            trainer__limit_train_batches=2,
+            trainer__limit_val_batches=1,
+            checkpoint__monitor="null",
+        )
+        return main(["fit", *args, *extra])
+
+    cpu = fit("cpu", 1)
+    last = last_ckpt(cpu)
+    gpu = fit("gpu", 2, "--trainer.accelerator", "gpu", "--trainer.precision", "16-mixed", "--ckpt_path", str(last))
+    assert gpu.trainer.global_step == 4
+    assert gpu.trainer.strategy.root_device.type == "cuda"
+    # (Lightning moves the optimizer state back to the CPU when fit ends.)
+    assert all(torch.isfinite(s["momentum_buffer"]).all() for s in gpu.trainer.optimizers[0].state.values())
+    assert math.isfinite(float(gpu.trainer.callback_metrics["val_loss"]))
 
 
 def test_checkpoint_of_another_arch_is_refused_in_one_line(trained: dict, main, capsys) -> None:
