@@ -200,18 +200,30 @@ def main(argv: list[str] | None = None) -> None:
     config += f"{'compiled' if a.compile else 'eager'}, batch {a.batch}/GPU"
     if max(gpu_counts) > 1:
         config += f", app DDP via {a.launcher}"
-    print(f"\n| variant ({config}) | GPUs | img/s | ms/step | vs raw | scaling | peak GiB | peak vs raw |")
-    print("|---|---|---|---|---|---|---|---|")
+    print()
+    print("\n".join(table(rows, config)))
+
+
+def table(rows: dict[tuple[str, int], dict], config: str) -> list[str]:
+    """The Markdown table of ``rows`` ((variant, GPUs) -> result): ratios to the plain loop and, for the JPEG-folder
+    rows, to the app on synthetic data (the input path's own cost), at the same GPU count; scaling against 1 GPU."""
+    lines = [
+        f"| variant ({config}) | GPUs | img/s | ms/step | vs raw | vs synthetic | scaling | peak GiB | peak vs raw |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for (variant, gpus), r in rows.items():
-        base = rows.get(("raw", gpus))
-        one = rows.get((variant, 1))
+        base, synthetic, one = rows.get(("raw", gpus)), rows.get(("app_synthetic", gpus)), rows.get((variant, 1))
         ratio = f"{r['img_s'] / base['img_s']:.3f}" if base else "-"
+        vs_synthetic = (
+            f"{r['img_s'] / synthetic['img_s']:.3f}" if synthetic and variant.startswith("app_folder") else "-"
+        )
         mem = f"{r['peak_mem_gib'] / base['peak_mem_gib']:.3f}" if base else "-"
         scaling = f"{r['img_s'] / (gpus * one['img_s']):.3f}" if one and gpus > 1 else "-"
-        print(
-            f"| {variant} | {gpus} | {r['img_s']:,.0f} | {r['ms_per_step']} | {ratio} | {scaling} "
+        lines.append(
+            f"| {variant} | {gpus} | {r['img_s']:,.0f} | {r['ms_per_step']} | {ratio} | {vs_synthetic} | {scaling} "
             f"| {r['peak_mem_gib']:.2f} | {mem} |"
         )
+    return lines
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+"""bench/throughput.py without a GPU: its table's ratios on known figures; a folder row without data is refused."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "throughput.py"
+
+
+@pytest.fixture(scope="module")
+def throughput():
+    spec = importlib.util.spec_from_file_location("bench_throughput", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def row(img_s: float, ms: float, peak: float) -> dict:
+    return {"img_s": img_s, "ms_per_step": ms, "peak_mem_gib": peak}
+
+
+def test_table_gives_ratios_to_the_plain_loop_to_synthetic_and_scaling(throughput) -> None:
+    # The 2x H200 bf16 eager figures of bench/RESULTS.md (third session).
+    rows = {
+        ("raw", 1): row(4684, 54.66, 11.01),
+        ("app_synthetic", 1): row(4657, 54.97, 11.01),
+        ("app_folder_gpu", 1): row(3235, 79.14, 12.21),
+        ("raw", 2): row(9143, 56.0, 11.20),
+        ("app_synthetic", 2): row(8828, 58.0, 11.19),
+    }
+    lines = throughput.table(rows, "resnet50, bf16")
+    header, _, *body = ([c.strip() for c in line.strip("|").split("|")] for line in lines)
+    assert header[:3] == ["variant (resnet50, bf16)", "GPUs", "img/s"]
+    cells = {(c[0], int(c[1])): dict(zip(header, c, strict=True)) for c in body}
+
+    def cell(variant: str, gpus: int, column: str) -> str:
+        return cells[variant, gpus][column]
+
+    assert cell("app_synthetic", 1, "vs raw") == "0.994"
+    assert cell("app_synthetic", 1, "vs synthetic") == "-"  # only the folder rows: the input path's own cost
+    assert cell("app_folder_gpu", 1, "vs synthetic") == "0.695"
+    assert cell("app_folder_gpu", 1, "vs raw") == "0.691"
+    assert cell("app_folder_gpu", 1, "peak vs raw") == "1.109"
+    assert cell("raw", 2, "scaling") == "0.976"
+    assert cell("app_synthetic", 2, "scaling") == "0.948"
+    assert cell("app_synthetic", 2, "img/s") == "8,828"
+    assert cell("raw", 1, "scaling") == "-"
+    assert len(lines) == 2 + len(rows)
+
+
+def test_a_folder_variant_without_data_is_refused_before_any_run(throughput) -> None:
+    with pytest.raises(SystemExit, match="app_folder needs --data PATH"):
+        throughput.main(["--variants", "app_folder_gpu"])
