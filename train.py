@@ -125,17 +125,18 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
         # Rewrite the process arguments rather than pass args=: Lightning's DDP launcher re-runs sys.argv for the
         # other ranks, and they must parse exactly what rank 0 parsed.
         sys.argv[1:] = args
-    return ImageNetCLI(
-        ImageNetClassifier,
-        ImageNetDataModule,
-        args=None if argv is None else args,
-        seed_everything_default=0,
-        # Reruns in the same run folder and DDP relaunches would otherwise abort on the config saved before.
-        save_config_kwargs={"overwrite": True},
-        trainer_defaults={
-            "logger": {"class_path": CSVLogger.__module__ + ".CSVLogger", "init_args": {"save_dir": "runs"}}
-        },
-    )
+    return ImageNetCLI(ImageNetClassifier, ImageNetDataModule, args=None if argv is None else args, **CLI_SETTINGS)
+
+
+#: The CLI's settings beside its arguments (also for code that builds the CLI with ``run=False``, as the benchmarks do).
+CLI_SETTINGS: dict[str, Any] = {
+    "seed_everything_default": 0,
+    # Reruns in the same run folder and DDP relaunches would otherwise abort on the config saved before.
+    "save_config_kwargs": {"overwrite": True},
+    "trainer_defaults": {
+        "logger": {"class_path": CSVLogger.__module__ + ".CSVLogger", "init_args": {"save_dir": "runs"}}
+    },
+}
 
 
 if __name__ == "__main__":

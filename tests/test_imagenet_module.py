@@ -326,3 +326,68 @@ def test_compiled_model_trains_like_eager_and_saves_plain_weights(shapes_root: P
     trainer.save_checkpoint(tmp_path / "compiled.ckpt")
     saved = torch.load(tmp_path / "compiled.ckpt", weights_only=False)["state_dict"]
     assert list(saved) == list(eager_state)
+
+
+# --- the training metrics: known answers ---------------------------------------------------------------------------
+class RecordingLinear(torch.nn.Module):
+    """A linear classifier that keeps every output it returned, to compute the metrics the module should log."""
+
+    def __init__(self, features: int, classes: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(features, classes)
+        self.outputs: list[torch.Tensor] = []
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        logits = self.linear(images.flatten(1))
+        self.outputs.append(logits.detach().clone())
+        return logits
+
+
+def test_logged_interval_and_epoch_metrics_are_means_over_their_images() -> None:
+    """train_loss/acc1/acc5 every log_every_n_steps steps over the steps since the last log (the first step only starts
+    the clock), and train_loss_epoch over every image of the epoch, from the logits the model actually returned."""
+    torch.manual_seed(0)
+    classes, batch, batches = 10, 6, 4
+    images, targets = torch.randn(batches * batch, 3, 2, 2), torch.randint(0, classes, (batches * batch,))
+    loader = DataLoader(TensorDataset(images, targets), batch_size=batch)  # the same order every epoch
+    model = ImageNetClassifier(arch="resnet18", num_classes=classes, batch_size=batch, lr=2.0, warmup_epochs=0)
+    model.model = RecordingLinear(3 * 2 * 2, classes)  # lr 2.0: the logits move from step to step
+    logged: list[tuple[object, dict]] = []
+    model.log_dict = lambda metrics, **_: logged.append((model.global_step, dict(metrics)))
+    model.log = lambda name, value, **_: logged.append((name, {name: float(value)}))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        log_every_n_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, loader)
+
+    per_batch = []  # (mean loss, top-1 hits, top-5 hits) of each batch, in training order
+    for k, logits in enumerate(model.model.outputs):
+        wanted = targets[(k % batches) * batch : (k % batches + 1) * batch]
+        hit = logits.topk(5, dim=1).indices == wanted[:, None]
+        per_batch.append((F.cross_entropy(logits, wanted).item(), hit[:, 0].sum().item(), hit.any(dim=1).sum().item()))
+    assert len(per_batch) == 2 * batches
+
+    def means(ks: range) -> dict[str, float]:
+        n = batch * len(ks)
+        return {
+            "train_loss": sum(per_batch[k][0] for k in ks) * batch / n,
+            "train_acc1": sum(per_batch[k][1] for k in ks) / n,
+            "train_acc5": sum(per_batch[k][2] for k in ks) / n,
+        }
+
+    # Global steps 2, 4, 6, 8 log batches {1}, {2, 3}, {4, 5}, {6, 7} (0-based); batch 0 starts the clock.
+    intervals = [
+        (step, {k: v for k, v in m.items() if k != "train_img_s"}) for step, m in logged if step != "train_loss_epoch"
+    ]
+    expected = [(2, means(range(1, 2))), (4, means(range(2, 4))), (6, means(range(4, 6))), (8, means(range(6, 8)))]
+    assert [s for s, _ in intervals] == [s for s, _ in expected]
+    for (_, got), (_, want) in zip(intervals, expected, strict=True):
+        assert got == pytest.approx(want, rel=1e-6)
+    epochs = [m["train_loss_epoch"] for name, m in logged if name == "train_loss_epoch"]
+    assert epochs == pytest.approx([means(range(0, 4))["train_loss"], means(range(4, 8))["train_loss"]], rel=1e-6)

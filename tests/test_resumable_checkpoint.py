@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from pytorch_lightning.demos.boring_classes import BoringModel
 
 from callbacks import ResumableCheckpoint
@@ -72,3 +73,17 @@ def test_no_checkpoint_inside_an_accumulated_step_after_a_resume(tmp_path: Path)
     # Every save after the resume ends an optimizer step (Lightning alone also saves after micro-batch 3, at step 1).
     assert saves.saves and all(processed % 2 == 0 for _, processed in saves.saves), saves.saves
     assert (1, 3) not in saves.saves
+
+
+def test_state_key_is_lightnings_and_formatted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning names every hook call by it: formatted at the first use, the same string every time after."""
+    callback = ResumableCheckpoint(monitor="val_acc1", mode="max", every_n_train_steps=5)
+    expected = ModelCheckpoint.state_key.fget(callback)  # Lightning's own formatting of the same arguments
+    formatted: list[dict] = []
+    generate = ModelCheckpoint._generate_state_key
+    monkeypatch.setattr(
+        ResumableCheckpoint, "_generate_state_key", lambda self, **kw: formatted.append(kw) or generate(self, **kw)
+    )
+    assert [callback.state_key for _ in range(12)] == [expected] * 12
+    assert len(formatted) == 1
+    assert "'every_n_train_steps': 5" in expected and expected.startswith("ResumableCheckpoint{")
