@@ -303,9 +303,7 @@ class ImageNetClassifier(pl.LightningModule):
         # The same condition on every rank at the same step: Lightning writes step metrics on exactly these steps.
         if step % self.trainer.log_every_n_steps != 0:
             return
-        totals = torch.cat((self._sums[:3], self._sums.new_tensor([self._interval_images])))
-        if self.trainer.world_size > 1:
-            totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
+        totals = self._totals_over_ranks(self._sums[:3], self._interval_images)
         loss_sum, correct, correct5, count = totals.tolist()  # the interval's one host sync
         now = time.perf_counter()
         batch = self.global_batch_size()
@@ -333,6 +331,13 @@ class ImageNetClassifier(pl.LightningModule):
         self._interval_images = 0
         self._interval_start, self._interval_step = now, step
 
+    def _totals_over_ranks(self, sums: torch.Tensor, images: int) -> torch.Tensor:
+        """``sums`` followed by their image count, summed over every rank (a collective: call on all ranks)."""
+        totals = torch.cat((sums, sums.new_tensor([images])))
+        if self.trainer.world_size > 1:
+            totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
+        return totals
+
     @override
     def on_train_epoch_start(self) -> None:
         self._sums[3:].zero_()
@@ -341,9 +346,7 @@ class ImageNetClassifier(pl.LightningModule):
     @override
     def on_train_epoch_end(self) -> None:
         # Once per epoch, on every rank: the mean over every image of the epoch, all ranks together.
-        totals = torch.cat((self._sums[3:], self._sums.new_tensor([self._epoch_images])))
-        if self.trainer.world_size > 1:
-            totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
+        totals = self._totals_over_ranks(self._sums[3:], self._epoch_images)
         mean = totals[0] / totals[1].clamp(min=1)
         # Already the same on every rank; sync_dist (one more small all-reduce an epoch) keeps Lightning from warning
         # that an epoch-level value is not synchronized.

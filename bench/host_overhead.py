@@ -32,27 +32,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from step_clock import StepClock  # noqa: E402 (bench/, the script's own folder)
+
 IMAGE, CLASSES, BATCH = 8, 10, 4
 
 
 def tiny_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * IMAGE * IMAGE, CLASSES))
-
-
-class StepClock(pl.Callback):
-    """Host time from the end of step ``first`` to the end of step ``last`` (the device drained at both ends)."""
-
-    def __init__(self, first: int, last: int) -> None:
-        self.first, self.last, self.seconds = first, last, 0.0
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
-        if trainer.global_step in (self.first, self.last):
-            if trainer.strategy.root_device.type == "cuda":
-                torch.cuda.synchronize()
-            if trainer.global_step == self.first:
-                self.start = time.perf_counter()
-            else:
-                self.seconds = time.perf_counter() - self.start
 
 
 def run_raw(device: str, warmup: int, steps: int) -> float:

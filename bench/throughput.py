@@ -84,24 +84,14 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
+    from step_clock import StepClock  # bench/, this script's folder
+
     from callbacks import ProfilerWindow
     from callbacks.preemption import PreemptionHandler
     from datamodule import ImageNetDataModule
     from imagenet_module import ImageNetClassifier
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = a.precision != "fp32"
-
-    class StepTimer(pl.Callback):
-        def __init__(self) -> None:
-            self.t0 = self.t1 = 0.0
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
-            if trainer.global_step == a.warmup:
-                torch.cuda.synchronize()
-                self.t0 = time.perf_counter()
-            elif trainer.global_step == a.warmup + a.steps:
-                torch.cuda.synchronize()
-                self.t1 = time.perf_counter()
 
     folder = variant.startswith("app_folder")
     data = ImageNetDataModule(
@@ -121,7 +111,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         channels_last=a.channels_last,
         compile="default" if a.compile else None,
     )
-    timer = StepTimer()
+    timer = StepClock(a.warmup, a.warmup + a.steps)
     # As train.py always has it: it also replaces Lightning's per-step sigterm broadcast, a host sync under DDP.
     callbacks: list[pl.Callback] = [timer, PreemptionHandler()]
     if variant == "app_nvtx":
@@ -145,7 +135,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
     trainer.fit(model, data)
     if trainer.global_rank != 0:
         return {}
-    dt = timer.t1 - timer.t0
+    dt = timer.seconds
     return {
         "gpus": gpus,
         "arch": a.arch,

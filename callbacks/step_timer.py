@@ -76,14 +76,14 @@ class StepTimer:
         loaders = trainer.train_dataloader
         # What feeds the steps: copies are measured for the prefetcher; synthetic batches live on the device already.
         self._input = "on-device" if isinstance(loaders, SyntheticBatches) else "other"
-        if self._cuda:
-            self._prefetchers = find_prefetchers(loaders)
-            for prefetcher in self._prefetchers:
-                prefetcher.timing = self._copies
         prefetchers = find_prefetchers(loaders)
         if prefetchers:
             # The verdict's advice differs: an input stall with the GPU decoding is GPU time, not CPU cores.
             self._input = "gpu-decode" if any(p.decoder is not None for p in prefetchers) else "prefetcher"
+        if self._cuda:
+            self._prefetchers = prefetchers
+            for prefetcher in prefetchers:
+                prefetcher.timing = self._copies
 
     def mark(self, step: int, name: str, begin: bool) -> None:
         """A phase boundary now: host time and, on CUDA, an event on the current (compute) stream."""
