@@ -13,6 +13,9 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback
 
+#: Trainer options of a test run that writes and prints nothing it was not asked for.
+QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
+
 
 class SeenData(Callback):
     """Writes, per rank and stage, the sampler's indices and the targets of every batch the module received.

@@ -1,5 +1,5 @@
-"""Test-only callbacks passed to train.py subprocesses (importable through PYTHONPATH=tests), and the command line
-of the two-process CPU DDP profiling runs."""
+"""Test-only callbacks passed to train.py subprocesses (importable through PYTHONPATH=tests), the command line of the
+two-process CPU DDP profiling runs, and the in-process CPU fit the profiling tests share."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytorch_lightning as pl
+from core_probes import QUIET
 
 
 class FinalStepRecorder(pl.Callback):
@@ -29,3 +30,42 @@ def ddp_synthetic_args(run_dir: Path) -> list[str]:
         "--trainer.max_steps", "30", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(run_dir), "--trainer.logger.init_args.save_dir", str(run_dir),
     ]  # fmt: skip
+
+
+def fit_with_window(
+    tmp_path: Path,
+    window: pl.Callback,
+    max_steps: int,
+    accumulate: int = 1,
+    extra: tuple | list = (),
+    folder: Path | None = None,
+) -> pl.Trainer:
+    """resnet18 on the CPU for ``max_steps`` steps of 4 images (synthetic, or the JPEG ``folder``) with ``window``
+    (a ProfilerWindow) and ``extra`` callbacks; no validation."""
+    from datamodule import ImageNetDataModule
+    from imagenet_module import ImageNetClassifier
+
+    data = ImageNetDataModule(
+        root=str(folder or tmp_path),
+        source="folder" if folder else "synthetic",
+        batch_size=4,
+        workers=0,
+        crop_size=32,
+        val_resize_size=36,
+        val_crop_size=32,
+        synthetic_num_classes=10,
+        synthetic_train_steps=20,
+    )
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        limit_val_batches=0,
+        accumulate_grad_batches=accumulate,
+        callbacks=[window, *extra],
+        default_root_dir=str(tmp_path),
+        **QUIET,
+    )
+    trainer.fit(model, data)
+    return trainer

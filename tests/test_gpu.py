@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from core_probes import QUIET
 
 import shapes_dataset
 from callbacks import ProfilerWindow
@@ -90,10 +91,7 @@ def test_channels_last_reaches_the_model(tmp_path: Path):
             devices=1,
             max_steps=2,
             limit_val_batches=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
+            **QUIET,
         )
         trainer.fit(model, data)
     assert seen and all(s == (True, True, "cuda") for s in seen)
@@ -202,8 +200,7 @@ def test_gpu_decode_trains_with_files_nvjpeg_should_not_get(tmp_path: Path):
         channels_last=True, decode="gpu",
     )  # fmt: skip
     model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=16, channels_last=True)
-    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=2, **QUIET)
     trainer.fit(model, data)
     assert data.gpu_decode
     assert trainer.global_step == 2 * (122 // 16)

@@ -12,7 +12,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 import torchvision
-from core_probes import LRLog
+from core_probes import QUIET, LRLog
 from torch.utils.data import DataLoader, TensorDataset
 
 from datamodule import ImageNetDataModule
@@ -118,10 +118,7 @@ def test_schedule_and_scaling_through_a_real_trainer(shapes_root: Path) -> None:
         limit_val_batches=0,
         accumulate_grad_batches=accumulate,
         callbacks=[lrs],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET,
     )
     trainer.fit(model, dm)
     assert trainer.global_step == 4 * spe
@@ -299,10 +296,7 @@ def test_compiled_model_trains_like_eager_and_saves_plain_weights(shapes_root: P
             devices=1,
             max_steps=1,
             limit_val_batches=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
+            **QUIET,
         )
         trainer.fit(model, dm)
         return model, trainer
@@ -359,10 +353,7 @@ def test_logged_interval_and_epoch_metrics_are_means_over_their_images() -> None
         accelerator="cpu",
         max_epochs=2,
         log_every_n_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET,
     )
     trainer.fit(model, loader)
 

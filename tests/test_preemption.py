@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
+from core_probes import QUIET
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -79,10 +80,7 @@ def tiny_trainer(tmp_path: Path, callbacks: list[Callback], **kwargs: Any) -> pl
     options: dict[str, Any] = dict(
         accelerator="cpu",
         max_epochs=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET,
         default_root_dir=tmp_path,
         plugins=[AtomicCheckpointIO()],
     )

@@ -6,17 +6,16 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytorch_lightning as pl
 import torch
-from profiling_helpers import ddp_synthetic_args
+from profiling_helpers import ddp_synthetic_args, fit_with_window
 
 import callbacks.ranges
 import shapes_dataset
 from callbacks import ProfilerWindow
-from datamodule import ImageNetDataModule
-from imagenet_module import ImageNetClassifier
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,34 +58,8 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> NvtxRecorder:
     return rec
 
 
-def fit(tmp_path: Path, window: ProfilerWindow, max_steps: int = 6, accumulate: int = 1, extra=(), folder=None):  # noqa: ANN001
-    data = ImageNetDataModule(
-        root=str(folder or tmp_path),
-        source="folder" if folder else "synthetic",
-        batch_size=4,
-        workers=0,
-        crop_size=32,
-        val_resize_size=36,
-        val_crop_size=32,
-        synthetic_num_classes=10,
-        synthetic_train_steps=20,
-    )
-    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=max_steps,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accumulate_grad_batches=accumulate,
-        callbacks=[window, *extra],
-        default_root_dir=str(tmp_path),
-    )
-    trainer.fit(model, data)
-    return trainer
+def fit(tmp_path: Path, window: ProfilerWindow, max_steps: int = 6, **kwargs: Any) -> pl.Trainer:
+    return fit_with_window(tmp_path, window, max_steps, **kwargs)
 
 
 def test_step_ranges_nest_phases_in_order_and_exit_after_the_window(tmp_path, recorder):

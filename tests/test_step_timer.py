@@ -8,18 +8,17 @@ import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import pytorch_lightning as pl
 import torch
-from profiling_helpers import ddp_synthetic_args
+from profiling_helpers import ddp_synthetic_args, fit_with_window
 
 import step_report
 import trace_summary
 from callbacks import ProfilerWindow
 from callbacks.step_timer import StepTimer, batch_size, find_prefetchers
-from datamodule import ImageNetDataModule
-from imagenet_module import ImageNetClassifier
 from prefetcher import CopyEvents, DevicePrefetcher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,17 +177,8 @@ def test_helpers_find_prefetchers_and_count_images():
 
 
 # --- real Trainers on the CPU --------------------------------------------------------------------------------------
-def fit(tmp_path: Path, window: ProfilerWindow, max_steps: int = 10, accumulate: int = 1, extra=()):  # noqa: ANN001
-    data = ImageNetDataModule(root=str(tmp_path), source="synthetic", batch_size=4, workers=0, crop_size=32,
-                              val_resize_size=36, val_crop_size=32, synthetic_num_classes=10,
-                              synthetic_train_steps=20)  # fmt: skip
-    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, limit_val_batches=0, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         accumulate_grad_batches=accumulate, callbacks=[window, *extra],
-                         default_root_dir=str(tmp_path))  # fmt: skip
-    trainer.fit(model, data)
-    return trainer
+def fit(tmp_path: Path, window: ProfilerWindow, max_steps: int = 10, **kwargs: Any) -> pl.Trainer:
+    return fit_with_window(tmp_path, window, max_steps, **kwargs)
 
 
 @pytest.fixture(autouse=True)
