@@ -40,7 +40,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 import shapes_dataset
 from callbacks.preemption import WorkerSignalShield
-from gpu_decode import EncodedSampleLoader, decode_crop_resize, encoded_collate
+from gpu_decode import EncodedSampleLoader, decode_batch, encoded_collate
 from image_loading import (  # noqa: F401 (load_rgb: datamodule.load_rgb before image_loading.py, re-exported)
     BadImageCollate,
     BadImageCounter,
@@ -234,6 +234,10 @@ class ImageNetDataModule(pl.LightningDataModule):
         decode: Where JPEGs are decoded: ``cpu`` (PIL in the workers) or ``gpu`` (the workers only read files and
             draw the crop; nvJPEG decodes and the GPU crops, resizes and flips on the prefetcher's side stream;
             see gpu_decode.py). ``gpu`` on a CPU-only run falls back to ``cpu`` with a warning.
+        cpu_decode_share: With ``decode: gpu``, the share of the files (a fixed set, chosen by a hash of the path)
+            that the workers still decode and crop with PIL, as ``decode: cpu`` would; nvJPEG decodes the rest. nvJPEG
+            takes its time from the SMs that train the model, PIL from the CPU cores: a share that loads both fully
+            feeds the GPU best (README, "Choosing the input path"). 0 decodes every JPEG on the GPU.
         on_bad_image: An image file that cannot be decoded (truncated, empty, not an image, unreadable): ``error``
             stops the run with a message naming the file; ``skip`` replaces the sample with the next image that
             loads, warns once per file and counts them (logged per epoch as ``train_bad_images``/``val_bad_images``).
@@ -256,6 +260,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         synthetic_train_steps: int = 100,
         synthetic_val_steps: int = 10,
         decode: Literal["cpu", "gpu"] = "cpu",
+        cpu_decode_share: float = 0.0,
         on_bad_image: Literal["error", "skip"] = "error",
         seed: int = 0,
     ) -> None:
@@ -278,6 +283,15 @@ class ImageNetDataModule(pl.LightningDataModule):
             raise ValueError(f"data.min_crop_scale must be in (0, 1], got {min_crop_scale}")
         if min(synthetic_num_classes, synthetic_train_steps, synthetic_val_steps, prefetch_factor) < 1:
             raise ValueError("data.synthetic_* and data.prefetch_factor must be >= 1")
+        if not 0.0 <= cpu_decode_share <= 1.0:
+            raise ValueError(
+                f"data.cpu_decode_share must be in [0, 1] (the share of files PIL decodes), got {cpu_decode_share}"
+            )
+        if cpu_decode_share > 0.0 and decode != "gpu":
+            raise ValueError(
+                f"data.cpu_decode_share ({cpu_decode_share}) splits the decode of data.decode: gpu between the "
+                f"workers and the GPU; with data.decode: {decode} it has no effect: set data.decode: gpu or leave it 0"
+            )
         if on_bad_image not in ("error", "skip"):
             raise ValueError(f"data.on_bad_image must be 'error' or 'skip', got {on_bad_image!r}")
         self.save_hyperparameters()
@@ -342,13 +356,6 @@ class ImageNetDataModule(pl.LightningDataModule):
             )
         # JPEGs at least twice as large as any crop needs are decoded at a reduced size that loses nothing.
         pil_loader = ImageLoader(draft_min_side=min_decode_side(h.crop_size, h.min_crop_scale, h.val_resize_size))
-        if self.gpu_decode:
-            if stage == "fit":
-                train_loader = EncodedSampleLoader(True, h.crop_size, h.min_crop_scale, h.val_resize_size, pil_loader)
-                self.train_set = self._image_folder("train", None, train_loader)
-            val_loader = EncodedSampleLoader(False, h.val_crop_size, h.min_crop_scale, h.val_resize_size, pil_loader)
-            self.val_set = self._image_folder("val", None, val_loader)
-            return
         normalize_free_train = transforms.Compose(
             [
                 transforms.RandomResizedCrop(h.crop_size, scale=(h.min_crop_scale, 1.0)),
@@ -358,6 +365,19 @@ class ImageNetDataModule(pl.LightningDataModule):
         normalize_free_val = transforms.Compose(
             [transforms.Resize(h.val_resize_size), transforms.CenterCrop(h.val_crop_size)]
         )
+        if self.gpu_decode:
+            # The files of the CPU share are decoded and cropped by the very transforms of decode: cpu.
+            share = h.cpu_decode_share
+            if stage == "fit":
+                train_loader = EncodedSampleLoader(
+                    True, h.crop_size, h.min_crop_scale, h.val_resize_size, pil_loader, share, normalize_free_train
+                )
+                self.train_set = self._image_folder("train", None, train_loader)
+            val_loader = EncodedSampleLoader(
+                False, h.val_crop_size, h.min_crop_scale, h.val_resize_size, pil_loader, share, normalize_free_val
+            )
+            self.val_set = self._image_folder("val", None, val_loader)
+            return
         if stage == "fit":
             self.train_set = self._image_folder("train", normalize_free_train, pil_loader)
         self.val_set = self._image_folder("val", normalize_free_val, pil_loader)
@@ -491,7 +511,7 @@ class ImageNetDataModule(pl.LightningDataModule):
     def _wrap(
         self, loader: DataLoader, size: int, split: str, prefetcher: type[DevicePrefetcher] = DevicePrefetcher
     ) -> DevicePrefetcher:
-        decoder = partial(decode_crop_resize, size=size) if self.gpu_decode else None
+        decoder = partial(decode_batch, size=size) if self.gpu_decode else None
         counted = BadImageCounter(loader, split)  # callbacks.bad_images.BadImageCount logs its per-epoch count
         wrapped = prefetcher(
             counted, self._device(), IMAGENET_MEAN_255, IMAGENET_STD_255, self.channels_last, decoder=decoder

@@ -13,6 +13,15 @@ as before and travel as uint8 pixels; the GPU stage treats both kinds alike from
 Validation uses the same stage: ``Resize(s) + CenterCrop(c)`` equals cropping the centered square of side
 ``short_side * c / s`` and resizing it to ``c``.
 
+**Splitting the decode between the workers and the GPU** (``data.cpu_decode_share``). nvJPEG decodes on the SMs that
+the model keeps busy: a 256-image batch of ImageNet-sized JPEGs costs ~17 ms of them, which the step then lacks. PIL in
+the workers costs no GPU time but ~3 ms of a core per image. With a share ``s``, the workers decode, crop, resize and
+flip that share of the files exactly as ``data.decode: cpu`` does (same transforms, same per-sample random draws) and
+hand the finished crops over as uint8 pixels; the GPU decodes the rest. Which files go to the CPU is a fixed function
+of the file's path (a hash below ``s``): independent of the worker, the rank, the epoch and of resuming, so runs stay
+reproducible. A collated batch puts its finished crops first (one uint8 tensor the loader pins, one copy) and the
+encoded files after them, targets in the same order; the order within a batch does not matter to training or metrics.
+
 The crop, resize and flip of a batch are a fixed handful of launches, not a few per image: the per-image loop it
 replaces (crop, cast, flip, ``F.interpolate`` per sample, ~6 ops each, ~1,500 per batch of 256) held the GIL on the
 prefetcher's producer thread against the training thread's own launches. Now (:func:`decode_crop_resize`):
@@ -35,10 +44,12 @@ reference of the tests and the benchmark, ``bench/decode_bench.py``).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -74,12 +85,29 @@ class Encoded:
         encoded: Whether ``data`` is a JPEG to decode.
         box: ``(top, left, height, width)`` of the crop in the decoded image.
         flip: Mirror the crop horizontally.
+        finished: ``data`` is the final crop, uint8 ``(3, size, size)``: PIL decoded, cropped, resized and flipped it
+            in the worker (``data.cpu_decode_share``); ``box`` covers it whole and ``flip`` is False.
     """
 
     data: torch.Tensor
     encoded: bool
     box: tuple[int, int, int, int]
     flip: bool
+    finished: bool = False
+
+
+class SplitBatch(NamedTuple):
+    """The images of a batch some of whose samples the workers finished (``data.cpu_decode_share``).
+
+    A named tuple: the loader's ``pin_memory`` pins ``finished`` and keeps the type.
+
+    Attributes:
+        finished: uint8 ``(k, 3, size, size)``: the samples PIL decoded and cropped, first in the batch.
+        encoded: The other samples, for :func:`decode_crop_resize`.
+    """
+
+    finished: torch.Tensor
+    encoded: list[Encoded]
 
 
 def _gpu_decodable(image: Image.Image) -> bool:
@@ -90,6 +118,15 @@ def _gpu_decodable(image: Image.Image) -> bool:
     except Exception:  # a broken EXIF block: let PIL decode and judge the file
         return False
     return orientation == 1
+
+
+def decoded_on_cpu(path: str, share: float) -> bool:
+    """Whether the file at ``path`` is one of the ``share`` of files the workers decode: a hash of the path below
+    ``share``, so the choice is the same in every worker, rank, epoch and run."""
+    if share <= 0.0:
+        return False
+    digest = hashlib.blake2b(path.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") < share * 2.0**64
 
 
 def center_box(height: int, width: int, resize: int, crop: int) -> tuple[int, int, int, int]:
@@ -108,9 +145,26 @@ class EncodedSampleLoader:
         min_crop_scale: Smallest area fraction of the RandomResizedCrop.
         resize_size: Validation resize of the short side.
         pil_loader: Decoder for the files nvJPEG should not get (returns an RGB PIL image).
+        cpu_share: Share of the files (by :func:`decoded_on_cpu`) that PIL decodes and ``cpu_transform`` crops here.
+        cpu_transform: The ``data.decode: cpu`` transform of this split, PIL image in, ``crop_size`` PIL image out.
     """
 
-    def __init__(self, train: bool, crop_size: int, min_crop_scale: float, resize_size: int, pil_loader) -> None:  # noqa: ANN001
+    def __init__(
+        self,
+        train: bool,
+        crop_size: int,
+        min_crop_scale: float,
+        resize_size: int,
+        pil_loader: Callable[[str], Image.Image],
+        cpu_share: float = 0.0,
+        cpu_transform: Callable[[Image.Image], Image.Image] | None = None,
+    ) -> None:
+        if not 0.0 <= cpu_share <= 1.0:
+            raise ValueError(f"cpu_share must be in [0, 1], got {cpu_share}")
+        if cpu_share > 0.0 and cpu_transform is None:
+            raise ValueError("cpu_share > 0 needs the cpu_transform that crops the files decoded on the CPU")
+        self.cpu_share = cpu_share
+        self.cpu_transform = cpu_transform
         self.train = train
         self.crop_size = crop_size
         self.resize_size = resize_size
@@ -119,6 +173,8 @@ class EncodedSampleLoader:
         self.pil_loader = pil_loader
 
     def __call__(self, path: str) -> Encoded:
+        if self.cpu_share and decoded_on_cpu(path, self.cpu_share):
+            return self._finished(path)
         try:
             with open(path, "rb") as f:
                 raw = f.read()
@@ -142,10 +198,51 @@ class EncodedSampleLoader:
             box, flip = center_box(height, width, self.resize_size, self.crop_size), False
         return Encoded(data, encoded, tuple(int(v) for v in box), flip)
 
+    def _finished(self, path: str) -> Encoded:
+        """The sample as ``data.decode: cpu`` makes it: PIL decode, then this split's crop (and flip) transform."""
+        assert self.cpu_transform is not None
+        image = self.cpu_transform(self.pil_loader(path))
+        if image.size != (self.crop_size, self.crop_size):
+            raise ValueError(
+                f"{path}: the CPU transform gave {image.size[0]}x{image.size[1]}, the batch needs "
+                f"{self.crop_size}x{self.crop_size}"
+            )
+        pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).contiguous()
+        return Encoded(pixels, False, (0, 0, self.crop_size, self.crop_size), False, finished=True)
 
-def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[list[Encoded], torch.Tensor]:
-    """Keeps the samples as a list (sizes differ until the GPU crops them) and stacks the targets."""
-    return [sample for sample, _ in batch], torch.tensor([target for _, target in batch], dtype=torch.int64)
+
+def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[list[Encoded] | SplitBatch, torch.Tensor]:
+    """Keeps the samples as a list (sizes differ until the GPU crops them) and stacks the targets.
+
+    Samples the workers finished (:attr:`Encoded.finished`) come first, stacked into one uint8 ``(k, 3, S, S)``
+    tensor that the loader pins and the prefetcher copies in one transfer; the images are then a :class:`SplitBatch`
+    and the targets follow its order.
+    """
+    finished = [(sample, target) for sample, target in batch if sample.finished]
+    if not finished:
+        return [sample for sample, _ in batch], torch.tensor([target for _, target in batch], dtype=torch.int64)
+    rest = [(sample, target) for sample, target in batch if not sample.finished]
+    pixels = torch.stack([sample.data for sample, _ in finished])
+    targets = torch.tensor([target for _, target in finished + rest], dtype=torch.int64)
+    return SplitBatch(pixels, [sample for sample, _ in rest]), targets
+
+
+def decode_batch(images: list[Encoded] | SplitBatch, device: torch.device | str, size: int) -> torch.Tensor:
+    """The prefetcher's decoder: :func:`decode_crop_resize` of an :func:`encoded_collate` batch, with the workers'
+    finished crops (if any) copied in front; float32 ``(N, 3, size, size)`` on 0..255."""
+    if not isinstance(images, SplitBatch):
+        return decode_crop_resize(images, device, size)
+    pixels, samples = images
+    if tuple(pixels.shape[1:]) != (3, size, size):
+        raise ValueError(f"finished crops are {tuple(pixels.shape[1:])}, expected (3, {size}, {size})")
+    device = torch.device(device)
+    finished = pixels.to(device, non_blocking=True)
+    if not samples:
+        return finished.float()
+    out = torch.empty((len(pixels) + len(samples), 3, size, size), dtype=torch.float32, device=device)
+    out[: len(pixels)].copy_(finished)  # the cast in the copy: no float32 temporary of the finished crops
+    out[len(pixels) :].copy_(decode_crop_resize(samples, device, size))
+    return out
 
 
 def decode_crop_resize(

@@ -6,8 +6,11 @@
 # decode   : bench/decode_bench.py: nvJPEG decode and the per-image vs batched crop/resize on a JPEG folder
 # eager-P  : bench/throughput.py, precision P (bf16|fp16), eager: raw loop, app synthetic, NVTX on, PIL folder, nvJPEG
 # compile-P: the same compiled (torch.compile), without the NVTX and PIL rows
+# split-P  : bench/throughput.py on 1 GPU pinned to CORES cores (default 16, as one H200 has on these machines;
+#            CORES-2 workers): app synthetic, PIL folder, nvJPEG folder, and the decode split between them
+#            (data.cpu_decode_share: each of SHARES, space-separated, default "0.6 0.7 0.8")
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
-# report2  : the same on 2 GPUs (DDP): one report with both ranks
+# report2  : the same on 2 GPUs (DDP): one report with both ranks; SHARE sets data.cpu_decode_share of both (default 0)
 # ddp-P    : bench/throughput.py on 1 and all GPUs of the machine (torchrun): raw loop, app synthetic, app nvJPEG
 #            folder; scaling
 # VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
@@ -38,10 +41,17 @@ for stage in "$@"; do
       --channels-last "${flags[@]}" --workers "$(nproc)" --variants "$variants" --data /tmp/jpegs \
       > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
+  split-*)
+    jpegs; p=${stage#*-}; cores=${CORES:-16}; variants=app_synthetic,app_folder,app_folder_gpu
+    for share in ${SHARES:-0.6 0.7 0.8}; do variants+=",app_folder_gpu@$share"; done
+    BENCH_STACKS_AFTER_S=150 timeout "$limit" taskset -c "0-$((cores - 1))" python3 bench/throughput.py \
+      --arch resnet50 --precision "$p" --channels-last --workers $((cores - 2)) --variants "${VARIANTS:-$variants}" \
+      --data /tmp/jpegs > "$out/throughput_$stage.txt" 2>&1
+    table "$out/throughput_$stage.txt" ;;
   report|report2)
     jpegs; n=1; [ "$stage" = report2 ] && n=2
     timeout "$limit" python3 train.py --config configs/resnet50_imagenet.yaml --data.root /tmp/jpegs \
-      --data.workers $(($(nproc) / n)) --data.decode gpu --data.batch_size 256 --trainer.devices "$n" \
+      --data.workers $(($(nproc) / n)) --data.decode gpu --data.cpu_decode_share "${SHARE:-0}" --data.batch_size 256 --trainer.devices "$n" \
       --trainer.max_steps 40 --trainer.enable_progress_bar false --trainer.default_root_dir "/tmp/${stage}_run" \
       --trainer.logger.init_args.save_dir "/tmp/${stage}_run" --profile.start_step 20 --profile.num_steps 10 2>&1 \
       | grep -A9 "step report," | tee "$out/$stage.txt"

@@ -7,6 +7,7 @@ line; the parent prints a Markdown table with ratios to the plain loop.
     python bench/throughput.py --arch resnet50 --precision fp16 --channels-last --compile
     python bench/throughput.py ... --variants raw,app_synthetic,app_nvtx,app_folder --data /data/jpegs
     python bench/throughput.py ... --gpus 1,2 --launcher torchrun      # DDP scaling, each variant on 1 and 2 GPUs
+    taskset -c 0-15 python bench/throughput.py ... --workers 14 --variants app_synthetic,app_folder_gpu@0.7
 
 Variants:
     raw            the plain loop (.carry/raw_loop.py, or --raw-loop PATH): synthetic data on the GPU
@@ -15,6 +16,7 @@ Variants:
                    NVTX step/phase ranges outside the window
     app_folder     the app on a JPEG folder (--data): PIL decode + crop in the workers, the prefetcher's copy
     app_folder_gpu the app on the same folder with data.decode=gpu: nvJPEG decode + crop/resize/flip on the GPU
+    app_folder_gpu@S  the same with data.cpu_decode_share=S: the workers decode that share of the files with PIL
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
@@ -35,6 +37,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRECISIONS = {"fp32": "32-true", "tf32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
+VARIANTS = ("raw", "app_synthetic", "app_nvtx", "app_folder", "app_folder_gpu")
+
+
+def split_variant(variant: str) -> tuple[str, float]:
+    """``app_folder_gpu@0.7`` -> ``("app_folder_gpu", 0.7)``; any other variant has a CPU decode share of 0."""
+    name, at, share = variant.partition("@")
+    if name not in VARIANTS or (at and name != "app_folder_gpu"):
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, app_folder_gpu@SHARE")
+    try:
+        value = float(share) if at else 0.0
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"variant {variant!r}: the CPU decode share after '@' must be a number in [0, 1]")
+    return name, value
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,7 +110,8 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = a.precision != "fp32"
 
-    folder = variant.startswith("app_folder")
+    name, cpu_share = split_variant(variant)
+    folder = name.startswith("app_folder")
     data = ImageNetDataModule(
         root=a.data or "unused",
         source="folder" if folder else "synthetic",
@@ -102,7 +120,8 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         channels_last=a.channels_last,
         synthetic_num_classes=1000,
         synthetic_train_steps=a.warmup + a.steps + 5,
-        decode="gpu" if variant == "app_folder_gpu" else "cpu",
+        decode="gpu" if name == "app_folder_gpu" else "cpu",
+        cpu_decode_share=cpu_share,
     )
     model = ImageNetClassifier(
         arch=a.arch,
@@ -165,6 +184,10 @@ def main(argv: list[str] | None = None) -> None:
     args = list(argv if argv is not None else sys.argv[1:])
     rows: dict[tuple[str, int], dict] = {}
     gpu_counts = [int(g) for g in a.gpus.split(",")]
+    try:
+        [split_variant(variant) for variant in a.variants.split(",")]
+    except ValueError as error:
+        sys.exit(f"--variants: {error}")
     for gpus in gpu_counts:
         for variant in a.variants.split(","):
             if variant.startswith("app_folder") and not a.data:

@@ -188,7 +188,34 @@ def test_gpu_decode_matches_cpu_decode(tmp_path: Path):
     assert (on_gpu.cpu() - on_cpu).abs().mean() < 5.0
 
 
-def test_gpu_decode_trains_with_files_nvjpeg_should_not_get(tmp_path: Path):
+def test_split_decode_copies_the_finished_crops_exactly_and_decodes_the_rest(tmp_path: Path):
+    from functools import partial
+
+    from torch.utils.data._utils.pin_memory import pin_memory
+    from torchvision import transforms
+
+    from datamodule import load_rgb
+    from gpu_decode import EncodedSampleLoader, SplitBatch, decode_batch, encoded_collate
+
+    root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=3, val_per_class=1, image_size=120)
+    crop = transforms.Compose([transforms.Resize(110), transforms.CenterCrop(96)])
+    loader = EncodedSampleLoader(False, 96, 0.08, 110, load_rgb, cpu_share=0.5, cpu_transform=crop)
+    batch = encoded_collate([(loader(str(p)), i) for i, p in enumerate(sorted(root.glob("train/*/*.JPEG")))])
+    pinned = pin_memory(batch)  # what the DataLoader does with pin_memory=True
+    assert isinstance(pinned[0], SplitBatch) and pinned[0].finished.is_pinned()
+    finished = len(pinned[0].finished)
+    assert 0 < finished < len(batch[1])
+    decoder = partial(decode_batch, size=96)
+    ((gx, gy),) = list(DevicePrefetcher([pinned], "cuda", decoder=decoder))
+    ((cx, cy),) = list(DevicePrefetcher([batch], "cpu", decoder=decoder))
+    assert torch.equal(gy.cpu(), cy)
+    assert torch.equal(gx[:finished].cpu(), cx[:finished])  # copied and normalized, bit for bit
+    # nvJPEG against libjpeg-turbo (see test_gpu_decode_matches_cpu_decode), in normalized units (std ~57 levels).
+    assert (gx[finished:].cpu() - cx[finished:]).abs().mean() < 5.0 / 57
+
+
+@pytest.mark.parametrize("cpu_decode_share", [0.0, 0.5])
+def test_gpu_decode_trains_with_files_nvjpeg_should_not_get(tmp_path: Path, cpu_decode_share: float):
     from PIL import Image
 
     root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=12, val_per_class=3, image_size=96)
@@ -197,7 +224,7 @@ def test_gpu_decode_trains_with_files_nvjpeg_should_not_get(tmp_path: Path):
     Image.new("RGB", (90, 70), (30, 200, 30)).save(first_class / "png_named.JPEG", format="PNG")
     data = ImageNetDataModule(
         root=str(root), batch_size=16, workers=2, crop_size=64, val_resize_size=73, val_crop_size=64,
-        channels_last=True, decode="gpu",
+        channels_last=True, decode="gpu", cpu_decode_share=cpu_decode_share,
     )  # fmt: skip
     model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=16, channels_last=True)
     trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=2, **QUIET)

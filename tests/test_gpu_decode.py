@@ -11,16 +11,20 @@ import pytest
 import torch
 import torchvision.transforms.v2.functional as F2
 from PIL import Image
+from torchvision import transforms
 from torchvision.io import decode_jpeg, read_file
 
 from datamodule import ImageNetDataModule, load_rgb
 from gpu_decode import (
     Encoded,
     EncodedSampleLoader,
+    SplitBatch,
     _groups,
     center_box,
+    decode_batch,
     decode_crop_resize,
     decode_crop_resize_reference,
+    decoded_on_cpu,
     encoded_collate,
 )
 
@@ -112,6 +116,87 @@ def test_gpu_decode_on_cpu_falls_back_to_pil_with_a_warning(shapes_root):
     assert not data.gpu_decode
     images, _ = next(iter(data.train_dataloader()))
     assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32
+
+
+# --- the split of the decode between the workers and the GPU (data.cpu_decode_share) ---------------------------------
+def test_the_cpu_share_is_a_fixed_set_of_files_of_the_asked_size():
+    paths = [f"/data/train/n{c:08d}/n{c:08d}_{i}.JPEG" for c in range(40) for i in range(100)]
+    for share in (0.25, 0.7):
+        chosen = [decoded_on_cpu(path, share) for path in paths]
+        assert abs(sum(chosen) / len(paths) - share) < 0.03, share
+        assert chosen == [decoded_on_cpu(path, share) for path in paths]  # the same in every worker, epoch and run
+    # A larger share keeps the files of a smaller one: raising it moves files from the GPU to the CPU, no reshuffle.
+    assert all(decoded_on_cpu(path, 0.7) for path in paths if decoded_on_cpu(path, 0.25))
+    assert not any(decoded_on_cpu(path, 0.0) for path in paths)
+    assert all(decoded_on_cpu(path, 1.0) for path in paths)
+
+
+def test_files_of_the_cpu_share_are_what_decode_cpu_makes_of_them(files):
+    crop = transforms.Compose([transforms.RandomResizedCrop(64, scale=(0.08, 1.0)), transforms.RandomHorizontalFlip()])
+    loader = EncodedSampleLoader(True, 64, 0.08, 73, load_rgb, cpu_share=1.0, cpu_transform=crop)
+    for name, path in files.items():  # JPEGs and the files nvJPEG never gets alike
+        for seed in range(4):
+            torch.manual_seed(seed)
+            sample = loader(str(path))
+            torch.manual_seed(seed)
+            expected = np.asarray(crop(load_rgb(str(path)))).transpose(2, 0, 1)
+            assert sample.finished and not sample.encoded and not sample.flip, name
+            assert sample.box == (0, 0, 64, 64)
+            assert torch.equal(sample.data, torch.from_numpy(np.ascontiguousarray(expected))), (name, seed)
+
+
+def test_a_cpu_transform_of_the_wrong_size_and_a_bad_share_are_refused(files):
+    too_small = transforms.CenterCrop(32)
+    loader = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb, cpu_share=1.0, cpu_transform=too_small)
+    with pytest.raises(ValueError, match=r"a\.JPEG: the CPU transform gave 32x32, the batch needs 64x64"):
+        loader(str(files["jpeg"]))
+    with pytest.raises(ValueError, match="cpu_share must be in"):
+        EncodedSampleLoader(False, 64, 0.08, 73, load_rgb, cpu_share=1.5, cpu_transform=too_small)
+    with pytest.raises(ValueError, match="needs the cpu_transform"):
+        EncodedSampleLoader(False, 64, 0.08, 73, load_rgb, cpu_share=0.5)
+
+
+def test_a_split_batch_puts_the_finished_crops_first_with_their_targets(files):
+    val_crop = transforms.Compose([transforms.Resize(73), transforms.CenterCrop(64)])
+    on_gpu = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb)
+    on_cpu = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb, cpu_share=1.0, cpu_transform=val_crop)
+    batch = [
+        (on_gpu(str(files["jpeg"])), 0),
+        (on_cpu(str(files["gray"])), 1),
+        (on_gpu(str(files["png"])), 2),
+        (on_cpu(str(files["cmyk"])), 3),
+    ]
+    images, targets = encoded_collate(batch)
+    assert isinstance(images, SplitBatch)
+    assert targets.tolist() == [1, 3, 0, 2]
+    assert images.finished.shape == (2, 3, 64, 64) and images.finished.dtype == torch.uint8
+    assert torch.equal(images.finished[1], batch[3][0].data)
+    assert [sample.finished for sample in images.encoded] == [False, False]
+
+    out = decode_batch(images, torch.device("cpu"), 64)
+    assert out.shape == (4, 3, 64, 64) and out.dtype == torch.float32
+    assert torch.equal(out[:2], images.finished.float())
+    assert torch.equal(out[2:], decode_crop_resize(images.encoded, torch.device("cpu"), 64))
+    # A batch of finished crops only, and one without any: the plain list of before.
+    only_finished, _ = encoded_collate([batch[1], batch[3]])
+    assert torch.equal(decode_batch(only_finished, "cpu", 64), only_finished.finished.float())
+    none_finished, targets = encoded_collate([batch[0], batch[2]])
+    assert isinstance(none_finished, list) and targets.tolist() == [0, 2]
+    with pytest.raises(ValueError, match=r"finished crops are \(3, 64, 64\), expected \(3, 48, 48\)"):
+        decode_batch(images, "cpu", 48)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"decode": "gpu", "cpu_decode_share": -0.1}, r"data.cpu_decode_share must be in \[0, 1\]"),
+        ({"decode": "gpu", "cpu_decode_share": 2}, r"data.cpu_decode_share must be in \[0, 1\]"),
+        ({"decode": "cpu", "cpu_decode_share": 0.5}, "with data.decode: cpu it has no effect"),
+    ],
+)
+def test_the_data_module_refuses_a_share_that_cannot_apply(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ImageNetDataModule(root="unused", **kwargs)
 
 
 # --- the batched crop/resize/flip against the per-image reference ---------------------------------------------------

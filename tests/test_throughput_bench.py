@@ -54,3 +54,20 @@ def test_table_gives_ratios_to_the_plain_loop_to_synthetic_and_scaling(throughpu
 def test_a_folder_variant_without_data_is_refused_before_any_run(throughput) -> None:
     with pytest.raises(SystemExit, match="app_folder needs --data PATH"):
         throughput.main(["--variants", "app_folder_gpu"])
+
+
+def test_split_variants_carry_their_cpu_share_and_bad_ones_are_refused(throughput) -> None:
+    assert throughput.split_variant("app_folder_gpu@0.7") == ("app_folder_gpu", 0.7)
+    assert throughput.split_variant("app_folder_gpu") == ("app_folder_gpu", 0.0)
+    assert throughput.split_variant("raw") == ("raw", 0.0)
+    for bad, message in [
+        ("app_folder@0.5", "unknown variant 'app_folder@0.5'"),
+        ("app_folder_gpu@1.5", r"must be a number in \[0, 1\]"),
+        ("app_folder_gpu@half", r"must be a number in \[0, 1\]"),
+        ("app_sythetic", "unknown variant 'app_sythetic'; valid: raw, app_synthetic"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            throughput.split_variant(bad)
+    # Refused by main before any variant runs.
+    with pytest.raises(SystemExit, match="--variants: unknown variant 'app_sythetic'"):
+        throughput.main(["--variants", "raw,app_sythetic"])
