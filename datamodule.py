@@ -235,9 +235,9 @@ class ImageNetDataModule(pl.LightningDataModule):
             draw the crop; nvJPEG decodes and the GPU crops, resizes and flips on the prefetcher's side stream;
             see gpu_decode.py). ``gpu`` on a CPU-only run falls back to ``cpu`` with a warning.
         cpu_decode_share: With ``decode: gpu``, the share of the files (a fixed set, chosen by a hash of the path)
-            that the workers still decode and crop with PIL, as ``decode: cpu`` would; nvJPEG decodes the rest. nvJPEG
-            takes its time from the SMs that train the model, PIL from the CPU cores: a share that loads both fully
-            feeds the GPU best (README, "Choosing the input path"). 0 decodes every JPEG on the GPU.
+            that the workers still decode and crop with PIL, as ``decode: cpu`` would; the GPU path takes the rest. The
+            GPU path's per-image host work runs in the training process, PIL's in the worker processes: a share that
+            keeps both busy feeds the GPU best (README, "Feeding the GPU"). 0 sends every JPEG to the GPU path.
         on_bad_image: An image file that cannot be decoded (truncated, empty, not an image, unreadable): ``error``
             stops the run with a message naming the file; ``skip`` replaces the sample with the next image that
             loads, warns once per file and counts them (logged per epoch as ``train_bad_images``/``val_bad_images``).
@@ -500,7 +500,9 @@ class ImageNetDataModule(pl.LightningDataModule):
             num_workers=workers,
             # Batches are (images, targets, bad files); BadImageCounter strips the third in the main process.
             collate_fn=BadImageCollate(encoded_collate if self.gpu_decode else fast_collate),
-            pin_memory=self._device().type == "cuda",
+            # Not for the GPU decode path: nvJPEG reads the JPEG bytes from any host memory, and the pin thread would
+            # drop the shared-memory batch with the GIL held (gpu_decode.decode_batch releases it without).
+            pin_memory=self._device().type == "cuda" and not self.gpu_decode,
             drop_last=drop_last,
             persistent_workers=workers > 0,
             prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,

@@ -2,10 +2,10 @@
 
 An H200 trains ResNet-50 faster (5,700-7,200 img/s) than 16 cores decode and crop with PIL (~3,500 img/s). Here the
 workers only read the file and draw the augmentation: they parse the JPEG header (no pixel decode) to learn the size,
-draw the RandomResizedCrop box and the flip exactly as torchvision would, and hand over the encoded bytes. The
-prefetcher then decodes the whole batch with nvJPEG (``torchvision.io.decode_jpeg`` on a list, one batched call) and
-crops, resizes (bilinear, antialiased, as ``transforms.RandomResizedCrop`` on tensors), flips and normalizes on its
-side stream.
+draw the RandomResizedCrop box and the flip exactly as torchvision would, and hand over the encoded bytes (one buffer
+per batch, :class:`PackedBatch`). The prefetcher then decodes the whole batch with nvJPEG
+(``torchvision.io.decode_jpeg`` on a list, one batched call) and crops, resizes (bilinear, antialiased, as
+``transforms.RandomResizedCrop`` on tensors), flips and normalizes on its side stream.
 
 Files nvJPEG should not get (CMYK or YCCK JPEGs, PNGs named .JPEG, EXIF-rotated photos) are decoded by PIL in the worker
 as before and travel as uint8 pixels; the GPU stage treats both kinds alike from the crop on.
@@ -13,14 +13,16 @@ as before and travel as uint8 pixels; the GPU stage treats both kinds alike from
 Validation uses the same stage: ``Resize(s) + CenterCrop(c)`` equals cropping the centered square of side
 ``short_side * c / s`` and resizing it to ``c``.
 
-**Splitting the decode between the workers and the GPU** (``data.cpu_decode_share``). nvJPEG decodes on the SMs that
-the model keeps busy: a 256-image batch of ImageNet-sized JPEGs costs ~17 ms of them, which the step then lacks. PIL in
-the workers costs no GPU time but ~3 ms of a core per image. With a share ``s``, the workers decode, crop, resize and
-flip that share of the files exactly as ``data.decode: cpu`` does (same transforms, same per-sample random draws) and
-hand the finished crops over as uint8 pixels; the GPU decodes the rest. Which files go to the CPU is a fixed function
+**Splitting the decode between the workers and the GPU** (``data.cpu_decode_share``). On an H200 nvJPEG decodes on the
+JPEG engines (torchvision creates its hardware backend; an nsys trace shows only its colour conversion on the SMs,
+~0.3 ms a batch), but every JPEG also costs host work in the training process (headers, output buffers, the crop
+table) beside the training thread, which needs the GIL to launch kernels. PIL in the workers costs the training process
+nothing but ~3 ms of a core per image. With a share ``s``, the workers decode, crop, resize and flip that share of the
+files exactly as ``data.decode: cpu`` does (same transforms, same per-sample random draws) and hand the finished crops
+over as uint8 pixels; the GPU path takes the rest. Which files go to the CPU is a fixed function
 of the file's path (a hash below ``s``): independent of the worker, the rank, the epoch and of resuming, so runs stay
-reproducible. A collated batch puts its finished crops first (one uint8 tensor the loader pins, one copy) and the
-encoded files after them, targets in the same order; the order within a batch does not matter to training or metrics.
+reproducible. A collated batch (:class:`PackedBatch`) puts its finished crops first and the encoded files after them,
+targets in the same order; the order within a batch does not matter to training or metrics.
 
 The crop, resize and flip of a batch are a fixed handful of launches, not a few per image: the per-image loop it
 replaces (crop, cast, flip, ``F.interpolate`` per sample, ~6 ops each, ~1,500 per batch of 256) held the GIL on the
@@ -96,18 +98,40 @@ class Encoded:
     finished: bool = False
 
 
-class SplitBatch(NamedTuple):
-    """The images of a batch some of whose samples the workers finished (``data.cpu_decode_share``).
+class PackedBatch(NamedTuple):
+    """A batch of the GPU path as a worker hands it over: every sample's bytes in one buffer.
 
-    A named tuple: the loader's ``pin_memory`` pins ``finished`` and keeps the type.
+    The loader sends each tensor of a batch from the worker through a shared-memory file descriptor of its own, which
+    the main process receives and maps with the GIL held (a socket, a ``recvmsg``, an ``mmap`` and Python around them,
+    per tensor): 256 JPEGs as 256 tensors held the GIL for milliseconds of every step, when the training thread needs
+    it to launch kernels (measured with nsys on an H200, see bench/RESULTS.md). Packed, a batch is one buffer and a
+    NumPy table, which pickles by value.
 
     Attributes:
-        finished: uint8 ``(k, 3, size, size)``: the samples PIL decoded and cropped, first in the batch.
-        encoded: The other samples, for :func:`decode_crop_resize`.
+        data: uint8 1-D: ``finished`` crops of ``(3, size, size)``, then every other sample's JPEG bytes or pixels.
+        finished: How many finished crops (:attr:`Encoded.finished`) lead the buffer.
+        size: Side of the finished crops.
+        table: int64 ``(n - finished, 10)``, one row per other sample: offset and length in ``data``, encoded, height
+            and width of its pixels (0 for JPEG bytes), then the crop box (top, left, height, width) and the flip.
     """
 
-    finished: torch.Tensor
-    encoded: list[Encoded]
+    data: torch.Tensor
+    finished: int
+    size: int
+    table: np.ndarray
+
+    def unpack(self) -> tuple[torch.Tensor, list[Encoded]]:
+        """The finished crops as a uint8 ``(finished, 3, size, size)`` view of ``data``, and the other samples with
+        views of ``data`` as their bytes."""
+        side = self.size
+        finished = self.data[: self.finished * 3 * side * side].view(self.finished, 3, side, side)
+        samples = []
+        for offset, length, encoded, height, width, top, left, box_h, box_w, flip in self.table.tolist():
+            data = self.data[offset : offset + length]
+            if not encoded:
+                data = data.view(3, height, width)
+            samples.append(Encoded(data, bool(encoded), (top, left, box_h, box_w), bool(flip)))
+        return finished, samples
 
 
 def _gpu_decodable(image: Image.Image) -> bool:
@@ -211,37 +235,64 @@ class EncodedSampleLoader:
         return Encoded(pixels, False, (0, 0, self.crop_size, self.crop_size), False, finished=True)
 
 
-def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[list[Encoded] | SplitBatch, torch.Tensor]:
-    """Keeps the samples as a list (sizes differ until the GPU crops them) and stacks the targets.
+def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[PackedBatch, torch.Tensor]:
+    """Packs a batch of :class:`EncodedSampleLoader` samples into one :class:`PackedBatch` and stacks the targets.
 
-    Samples the workers finished (:attr:`Encoded.finished`) come first, stacked into one uint8 ``(k, 3, S, S)``
-    tensor that the loader pins and the prefetcher copies in one transfer; the images are then a :class:`SplitBatch`
-    and the targets follow its order.
+    Samples the workers finished (:attr:`Encoded.finished`) come first, the targets in the same order: the order
+    within a batch matters neither to training nor to the metrics. In a worker the buffer is allocated in shared memory
+    directly, as the loader's own collate does, so sending it copies nothing.
     """
     finished = [(sample, target) for sample, target in batch if sample.finished]
-    if not finished:
-        return [sample for sample, _ in batch], torch.tensor([target for _, target in batch], dtype=torch.int64)
     rest = [(sample, target) for sample, target in batch if not sample.finished]
-    pixels = torch.stack([sample.data for sample, _ in finished])
+    side = finished[0][0].data.shape[-1] if finished else 0
+    lead = len(finished) * 3 * side * side
+    lengths = [sample.data.numel() for sample, _ in rest]
+    total = lead + sum(lengths)
+    if torch.utils.data.get_worker_info() is not None:
+        data = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))
+    else:
+        data = torch.empty(total, dtype=torch.uint8)
+    if finished:
+        crops = data[:lead].view(len(finished), 3, side, side)
+        for i, (sample, _) in enumerate(finished):
+            if tuple(sample.data.shape) != (3, side, side):
+                raise ValueError(f"finished crops of one batch differ in size: {tuple(sample.data.shape)} and {side}")
+            crops[i] = sample.data
+    table = np.zeros((len(rest), 10), dtype=np.int64)
+    offset = lead
+    for row, ((sample, _), length) in enumerate(zip(rest, lengths, strict=True)):
+        data[offset : offset + length] = sample.data.reshape(-1)
+        height, width = (0, 0) if sample.encoded else sample.data.shape[1:]
+        table[row] = (offset, length, sample.encoded, height, width, *sample.box, sample.flip)
+        offset += length
     targets = torch.tensor([target for _, target in finished + rest], dtype=torch.int64)
-    return SplitBatch(pixels, [sample for sample, _ in rest]), targets
+    return PackedBatch(data, len(finished), side, table), targets
 
 
-def decode_batch(images: list[Encoded] | SplitBatch, device: torch.device | str, size: int) -> torch.Tensor:
-    """The prefetcher's decoder: :func:`decode_crop_resize` of an :func:`encoded_collate` batch, with the workers'
-    finished crops (if any) copied in front; float32 ``(N, 3, size, size)`` on 0..255."""
-    if not isinstance(images, SplitBatch):
-        return decode_crop_resize(images, device, size)
-    pixels, samples = images
-    if tuple(pixels.shape[1:]) != (3, size, size):
-        raise ValueError(f"finished crops are {tuple(pixels.shape[1:])}, expected (3, {size}, {size})")
+def decode_batch(images: PackedBatch | list[Encoded], device: torch.device | str, size: int) -> torch.Tensor:
+    """The prefetcher's decoder: the batch's finished crops copied, the other samples decoded and cropped
+    (:func:`decode_crop_resize`); float32 ``(N, 3, size, size)`` on 0..255, finished crops first.
+
+    A :class:`PackedBatch`'s host buffer is released when its last read is done (``data`` is left empty). Left to
+    Python, the last reference to a shared-memory buffer drops with the GIL held and the unmapping (3-6 ms for a batch
+    of crops, measured) runs while the training thread waits to launch; released by ``Tensor.set_()``, it runs
+    inside an op that drops the GIL. The copy of the finished crops is from pageable memory: it returns once the
+    driver has staged them, and nvJPEG is done with the JPEG bytes when ``decode_jpeg`` returns, so nothing queued
+    reads the buffer afterwards.
+    """
     device = torch.device(device)
-    finished = pixels.to(device, non_blocking=True)
-    if not samples:
-        return finished.float()
-    out = torch.empty((len(pixels) + len(samples), 3, size, size), dtype=torch.float32, device=device)
-    out[: len(pixels)].copy_(finished)  # the cast in the copy: no float32 temporary of the finished crops
-    out[len(pixels) :].copy_(decode_crop_resize(samples, device, size))
+    if not isinstance(images, PackedBatch):
+        return decode_crop_resize(images, device, size)
+    if images.finished and images.size != size:
+        raise ValueError(f"finished crops are {images.size}x{images.size}, expected {size}x{size}")
+    finished, samples = images.unpack()
+    out = torch.empty((images.finished + len(images.table), 3, size, size), dtype=torch.float32, device=device)
+    if images.finished:
+        out[: images.finished].copy_(finished.to(device, non_blocking=True))  # the cast in the copy: no temporary
+    if samples:
+        out[images.finished :].copy_(decode_crop_resize(samples, device, size))
+    del finished, samples  # views of the buffer: the set_ below must drop its last reference
+    images.data.set_()
     return out
 
 

@@ -48,8 +48,7 @@ class CopyEvents:
 
     ``start`` is recorded before the host-to-device copy (or the GPU decode), ``copied`` after it, ``done`` after the
     cast and normalization; ``issued`` is the host ``time.perf_counter()`` at ``start``; ``pinned`` tells whether the
-    host images were in page-locked memory (``None`` when they are not a tensor: encoded files for the GPU decoder; for
-    a batch the workers partly finished, ``gpu_decode.SplitBatch``, that of its finished crops).
+    host images were in page-locked memory (``None`` when they are not a tensor: encoded files for the GPU decoder).
     """
 
     start: Any  # torch.cuda.Event
@@ -142,9 +141,8 @@ class DevicePrefetcher(LoaderProxy):
     @staticmethod
     def _copy_started(images: Any, targets: Any) -> CopyEvents:
         """Records the start event on the current (side) stream and notes what the host batch is."""
-        if isinstance(images, tuple) and images and isinstance(images[0], torch.Tensor):
-            images = images[0]  # the workers' finished crops beside the encoded files (gpu_decode.SplitBatch)
-        tensors = [t for t in (images, targets) if isinstance(t, torch.Tensor)]
+        parts = images if isinstance(images, tuple) else (images,)  # a gpu_decode.PackedBatch: its buffer
+        tensors = [t for t in (*parts, targets) if isinstance(t, torch.Tensor)]
         pinned = images.is_pinned() if isinstance(images, torch.Tensor) else None
         nbytes = sum(t.nelement() * t.element_size() for t in tensors)
         start, copied, done = (torch.cuda.Event(enable_timing=True) for _ in range(3))

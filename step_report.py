@@ -190,10 +190,12 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
         )
     if data is not None and data > DATA_WAIT_PCT:
         if overall.get("input") == "gpu-decode":
-            # Measured on an H200: nvJPEG's CUDA decode of a batch takes GPU time that a saturated model cannot spare.
+            # Measured with nsys on an H200 (bench/RESULTS.md, fourth session): nvJPEG decodes on the JPEG engines, not
+            # the SMs; the stall is the training process's per-image host work beside the training thread. The workers
+            # can take a share of the files off it, while they have cores to spare.
             advice = (
-                "the JPEGs are decoded on the GPU, which training already keeps busy: data.decode cpu with more "
-                "data.workers (CPU cores per GPU)"
+                "the GPU decode path's per-image host work holds up the training process: raise "
+                "data.cpu_decode_share while CPU cores are free, or data.decode cpu with more data.workers"
             )
         else:
             advice = "more data.workers or data.decode gpu"

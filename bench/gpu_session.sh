@@ -12,7 +12,8 @@
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 # report2  : the same on 2 GPUs (DDP): one report with both ranks; SHARE sets data.cpu_decode_share of both (default 0)
 # ddp-P    : bench/throughput.py on 1 and all GPUs of the machine (torchrun): raw loop, app synthetic, app nvJPEG
-#            folder; scaling
+#            folder; scaling. Workers: cores per GPU minus two (16 per GPU on 32 cores for 2 GPUs oversubscribed the
+#            machine: the split decode fell to 0.53 of synthetic)
 # VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
 # LAUNCHER=lightning runs the ddp stage's app rows under Lightning's own launcher instead of torchrun.
 # The JPEG folder holds 30,000 training images: the timed steps of a 1-GPU run stay inside one epoch.
@@ -60,7 +61,7 @@ for stage in "$@"; do
   ddp-*)
     jpegs; p=${stage#*-}; n=$(nvidia-smi -L | wc -l)
     BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \
-      --channels-last --gpus "1,$n" --launcher "${LAUNCHER:-torchrun}" --workers $(($(nproc) / n)) \
+      --channels-last --gpus "1,$n" --launcher "${LAUNCHER:-torchrun}" --workers $(($(nproc) / n - 2)) \
       --variants "${VARIANTS:-raw,app_synthetic,app_folder_gpu}" --data /tmp/jpegs > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
   *) echo "unknown stage $stage"; exit 2 ;;

@@ -18,7 +18,7 @@ from datamodule import ImageNetDataModule, load_rgb
 from gpu_decode import (
     Encoded,
     EncodedSampleLoader,
-    SplitBatch,
+    PackedBatch,
     _groups,
     center_box,
     decode_batch,
@@ -90,7 +90,7 @@ def test_decode_crop_resize_matches_torchvision_on_cpu(files):
     samples = [val(str(files["jpeg"])), val(str(files["png"]))]
     images, targets = encoded_collate([(samples[0], 3), (samples[1], 5)])
     assert targets.tolist() == [3, 5] and targets.dtype == torch.int64
-    out = decode_crop_resize(images, torch.device("cpu"), 64)
+    out = decode_batch(images, torch.device("cpu"), 64)
     assert out.shape == (2, 3, 64, 64) and out.dtype == torch.float32
     reference = F2.center_crop(F2.resize(decode_jpeg(read_file(str(files["jpeg"]))).float(), 73, antialias=True), 64)
     assert (out[0] - reference).abs().mean() < 3.0  # same pixels up to the box's rounding
@@ -156,34 +156,67 @@ def test_a_cpu_transform_of_the_wrong_size_and_a_bad_share_are_refused(files):
         EncodedSampleLoader(False, 64, 0.08, 73, load_rgb, cpu_share=0.5)
 
 
-def test_a_split_batch_puts_the_finished_crops_first_with_their_targets(files):
+def test_a_packed_batch_is_one_buffer_with_the_finished_crops_first(files):
     val_crop = transforms.Compose([transforms.Resize(73), transforms.CenterCrop(64)])
     on_gpu = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb)
     on_cpu = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb, cpu_share=1.0, cpu_transform=val_crop)
     batch = [
-        (on_gpu(str(files["jpeg"])), 0),
-        (on_cpu(str(files["gray"])), 1),
-        (on_gpu(str(files["png"])), 2),
+        (on_gpu(str(files["jpeg"])), 0),  # JPEG bytes
+        (on_cpu(str(files["gray"])), 1),  # finished crop
+        (on_gpu(str(files["png"])), 2),  # pixels PIL decoded (not a JPEG), cropped on the device
         (on_cpu(str(files["cmyk"])), 3),
     ]
     images, targets = encoded_collate(batch)
-    assert isinstance(images, SplitBatch)
+    assert isinstance(images, PackedBatch) and images.finished == 2 and images.size == 64
     assert targets.tolist() == [1, 3, 0, 2]
-    assert images.finished.shape == (2, 3, 64, 64) and images.finished.dtype == torch.uint8
-    assert torch.equal(images.finished[1], batch[3][0].data)
-    assert [sample.finished for sample in images.encoded] == [False, False]
+    assert images.data.dtype == torch.uint8 and images.data.dim() == 1
+    assert images.data.numel() == 2 * 3 * 64 * 64 + batch[0][0].data.numel() + batch[2][0].data.numel()
+    finished, rest = images.unpack()
+    assert torch.equal(finished[0], batch[1][0].data) and torch.equal(finished[1], batch[3][0].data)
+    for got, (sent, _) in zip(rest, [batch[0], batch[2]], strict=True):  # the same samples, views of the buffer
+        assert torch.equal(got.data, sent.data) and got.data.untyped_storage().data_ptr() == images.data.data_ptr()
+        assert (got.encoded, got.box, got.flip) == (sent.encoded, sent.box, sent.flip)
 
+    expected = torch.cat([finished.float(), decode_crop_resize(rest, torch.device("cpu"), 64)])
     out = decode_batch(images, torch.device("cpu"), 64)
     assert out.shape == (4, 3, 64, 64) and out.dtype == torch.float32
-    assert torch.equal(out[:2], images.finished.float())
-    assert torch.equal(out[2:], decode_crop_resize(images.encoded, torch.device("cpu"), 64))
-    # A batch of finished crops only, and one without any: the plain list of before.
+    assert torch.equal(out, expected)
+    assert images.data.numel() == 0  # the host buffer is released once read
+
+    # A batch of finished crops only, one without any, and a crop size the stage does not expect.
     only_finished, _ = encoded_collate([batch[1], batch[3]])
-    assert torch.equal(decode_batch(only_finished, "cpu", 64), only_finished.finished.float())
+    reference = only_finished.unpack()[0].float()
+    assert torch.equal(decode_batch(only_finished, "cpu", 64), reference)
     none_finished, targets = encoded_collate([batch[0], batch[2]])
-    assert isinstance(none_finished, list) and targets.tolist() == [0, 2]
-    with pytest.raises(ValueError, match=r"finished crops are \(3, 64, 64\), expected \(3, 48, 48\)"):
+    assert none_finished.finished == 0 and targets.tolist() == [0, 2]
+    assert torch.equal(decode_batch(none_finished, "cpu", 64), expected[2:])
+    images, _ = encoded_collate(batch)
+    with pytest.raises(ValueError, match="finished crops are 64x64, expected 48x48"):
         decode_batch(images, "cpu", 48)
+
+
+def test_packed_batches_from_worker_processes_decode_as_in_the_main_process(files):
+    crop = transforms.Compose([transforms.Resize(73), transforms.CenterCrop(64)])
+    loader = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb, cpu_share=0.5, cpu_transform=crop)
+    paths = [str(path) for path in files.values()] * 3
+    dataset = [(path, i) for i, path in enumerate(paths)]
+
+    class Samples(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(dataset)
+
+        def __getitem__(self, index: int):
+            path, target = dataset[index]
+            return loader(path), target
+
+    def batches(workers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        data = torch.utils.data.DataLoader(Samples(), batch_size=5, num_workers=workers, collate_fn=encoded_collate)
+        return [(decode_batch(images, "cpu", 64), targets) for images, targets in data]
+
+    in_workers, in_main = batches(2), batches(0)
+    assert len(in_workers) == len(in_main) == 3
+    for (x, y), (ref_x, ref_y) in zip(in_workers, in_main, strict=True):
+        assert torch.equal(y, ref_y) and torch.equal(x, ref_x)
 
 
 @pytest.mark.parametrize(

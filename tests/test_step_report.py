@@ -111,8 +111,9 @@ def test_with_the_gpu_decoding_an_input_stall_points_at_cpu_cores_not_at_the_gpu
     stalled, hidden = rank_summary(data=20.0, copies=decoded), rank_summary(copies=decoded)
     stalled["input"] = hidden["input"] = "gpu-decode"
     assert build_report([stalled])["findings"] == [
-        "input-bound: data wait is 20.0% of the step; the JPEGs are decoded on the GPU, which training already keeps "
-        "busy: data.decode cpu with more data.workers (CPU cores per GPU)"
+        "input-bound: data wait is 20.0% of the step; the GPU decode path's per-image host work holds up the "
+        "training process: raise data.cpu_decode_share while CPU cores are free, or data.decode cpu with more "
+        "data.workers"
     ]
     assert (
         build_report([hidden])["verdict"]

@@ -71,3 +71,9 @@ def test_split_variants_carry_their_cpu_share_and_bad_ones_are_refused(throughpu
     # Refused by main before any variant runs.
     with pytest.raises(SystemExit, match="--variants: unknown variant 'app_sythetic'"):
         throughput.main(["--variants", "raw,app_sythetic"])
+
+
+def test_compiled_runs_warm_up_longer_unless_told(throughput) -> None:
+    assert throughput.warmup_steps(throughput.parse([])) == 20
+    assert throughput.warmup_steps(throughput.parse(["--compile"])) == 60
+    assert throughput.warmup_steps(throughput.parse(["--compile", "--warmup", "5"])) == 5
