@@ -46,12 +46,16 @@ reference of the tests and the benchmark, ``bench/decode_bench.py``).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import io
+import mmap
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from pathlib import PurePath
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -145,11 +149,13 @@ def _gpu_decodable(image: Image.Image) -> bool:
 
 
 def decoded_on_cpu(path: str, share: float) -> bool:
-    """Whether the file at ``path`` is one of the ``share`` of files the workers decode: a hash of the path below
-    ``share``, so the choice is the same in every worker, rank, epoch and run."""
+    """Whether the file at ``path`` is one of the ``share`` of files the workers decode: a hash of its class folder and
+    file name below ``share``, so the choice is the same in every worker, rank, epoch and run, wherever the dataset is
+    mounted."""
     if share <= 0.0:
         return False
-    digest = hashlib.blake2b(path.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    key = "/".join(PurePath(path).parts[-2:])
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "little") < share * 2.0**64
 
 
@@ -273,12 +279,8 @@ def decode_batch(images: PackedBatch | list[Encoded], device: torch.device | str
     """The prefetcher's decoder: the batch's finished crops copied, the other samples decoded and cropped
     (:func:`decode_crop_resize`); float32 ``(N, 3, size, size)`` on 0..255, finished crops first.
 
-    A :class:`PackedBatch`'s host buffer is released when its last read is done (``data`` is left empty). Left to
-    Python, the last reference to a shared-memory buffer drops with the GIL held and the unmapping (3-6 ms for a batch
-    of crops, measured) runs while the training thread waits to launch; released by ``Tensor.set_()``, it runs
-    inside an op that drops the GIL. The copy of the finished crops is from pageable memory: it returns once the
-    driver has staged them, and nvJPEG is done with the JPEG bytes when ``decode_jpeg`` returns, so nothing queued
-    reads the buffer afterwards.
+    The host buffer of a :class:`PackedBatch` is handed to :func:`release_later` (``data`` is left empty once it is
+    released).
     """
     device = torch.device(device)
     if not isinstance(images, PackedBatch):
@@ -288,12 +290,83 @@ def decode_batch(images: PackedBatch | list[Encoded], device: torch.device | str
     finished, samples = images.unpack()
     out = torch.empty((images.finished + len(images.table), 3, size, size), dtype=torch.float32, device=device)
     if images.finished:
-        out[: images.finished].copy_(finished.to(device, non_blocking=True))  # the cast in the copy: no temporary
+        # The cast in the copy into ``out``: no float32 temporary (a uint8 one on the device).
+        out[: images.finished].copy_(finished.to(device, non_blocking=True))
     if samples:
         out[images.finished :].copy_(decode_crop_resize(samples, device, size))
-    del finished, samples  # views of the buffer: the set_ below must drop its last reference
-    images.data.set_()
+    del finished, samples  # views of the buffer: its release must drop the last reference
+    release_later(images.data, device)
     return out
+
+
+# --- releasing the host buffers of packed batches --------------------------------------------------------------------
+#: ``madvise`` advice that frees a shared mapping's pages and their backing store (Linux, tmpfs/shmem).
+_MADV_REMOVE = 9
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def release_host_buffer(buffer: torch.Tensor) -> bool:
+    """Empties ``buffer`` (``set_()``) and, when it is the only tensor on shared memory, frees its pages first with
+    ``madvise(MADV_REMOVE)``; returns whether it did the latter.
+
+    A batch that came from a worker lives in shared memory, and its Python storage object outlives the tensor, so the
+    last reference drops with the GIL held whichever way it goes (``del`` or ``set_()``), and the unmapping, 3-6 ms
+    a batch in the H200 trace, held up the training thread's launches. ``madvise`` through ctypes runs without the
+    GIL (ctypes releases it for the call) and leaves the unmapping little to do (``bench/host_release.py`` measures
+    both). Another tensor on the same storage would lose its data, so then only ``set_()`` runs.
+    """
+    freed = False
+    use_count = getattr(torch._C, "_storage_Use_Count", None)  # private: without it, only set_()
+    if _libc is not None and use_count is not None and buffer.is_shared() and buffer.numel():
+        storage = buffer.untyped_storage()
+        # The tensor and the storage object just taken: anything more is another view.
+        if use_count(storage._cdata) <= 2:
+            page = mmap.PAGESIZE
+            begin = -(-storage.data_ptr() // page) * page  # whole pages inside the storage only
+            end = (storage.data_ptr() + storage.nbytes()) // page * page
+            if end > begin:
+                freed = _libc.madvise(ctypes.c_void_p(begin), ctypes.c_size_t(end - begin), _MADV_REMOVE) == 0
+        del storage
+    buffer.set_()
+    return freed
+
+
+class _PendingRelease:
+    """Host buffers of packed batches waiting until nothing queued on the device can read them.
+
+    The finished crops and the non-JPEG pixels are copied from the buffer with ``non_blocking``. CUDA stages a copy
+    from pageable memory before the call returns on the usual systems, but systems that share memory between CPU and
+    GPU may read it in place. So a buffer is released only once an event recorded after its batch's work on the
+    current stream has passed: in practice at the next batch. One list for all devices and loaders (the train and val
+    producers may overlap).
+    """
+
+    lock = threading.Lock()
+    pending: list[tuple[Any, torch.Tensor]] = []
+
+
+def release_later(buffer: torch.Tensor, device: torch.device) -> None:
+    """Queues ``buffer`` for :func:`release_host_buffer` after the work queued so far on ``device``'s current stream
+    (at once on the CPU), and releases the buffers queued before whose work has finished."""
+    event = None
+    if device.type == "cuda":
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+    with _PendingRelease.lock:
+        _PendingRelease.pending.append((event, buffer))
+    release_pending()
+
+
+def release_pending() -> int:
+    """Releases every queued buffer whose work has finished; returns how many are still waiting."""
+    with _PendingRelease.lock:
+        waiting, ready = [], []
+        for item in _PendingRelease.pending:
+            (ready if item[0] is None or item[0].query() else waiting).append(item)
+        _PendingRelease.pending = waiting
+    for _, done in ready:
+        release_host_buffer(done)
+    return len(waiting)
 
 
 def decode_crop_resize(

@@ -194,7 +194,7 @@ def test_split_decode_copies_the_finished_crops_exactly_and_decodes_the_rest(tmp
     from torchvision import transforms
 
     from datamodule import load_rgb
-    from gpu_decode import EncodedSampleLoader, decode_batch, encoded_collate
+    from gpu_decode import EncodedSampleLoader, decode_batch, encoded_collate, release_pending
 
     root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=3, val_per_class=1, image_size=120)
     crop = transforms.Compose([transforms.Resize(110), transforms.CenterCrop(96)])
@@ -206,7 +206,9 @@ def test_split_decode_copies_the_finished_crops_exactly_and_decodes_the_rest(tmp
     decoder = partial(decode_batch, size=96)
     ((gx, gy),) = list(DevicePrefetcher([batch], "cuda", decoder=decoder))
     ((cx, cy),) = list(DevicePrefetcher([reference], "cpu", decoder=decoder))
-    assert batch[0].data.numel() == 0  # the host buffer went back once nvJPEG and the copy were done with it
+    torch.cuda.synchronize()
+    assert release_pending() == 0  # the host buffer goes back once the work queued on it is done
+    assert batch[0].data.numel() == 0
     assert torch.equal(gy.cpu(), cy)
     assert torch.equal(gx[:finished].cpu(), cx[:finished])  # copied and normalized, bit for bit
     # nvJPEG against libjpeg-turbo (see test_gpu_decode_matches_cpu_decode), in normalized units (std ~57 levels).

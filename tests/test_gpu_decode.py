@@ -26,6 +26,8 @@ from gpu_decode import (
     decode_crop_resize_reference,
     decoded_on_cpu,
     encoded_collate,
+    release_host_buffer,
+    release_pending,
 )
 
 
@@ -125,6 +127,9 @@ def test_the_cpu_share_is_a_fixed_set_of_files_of_the_asked_size():
         chosen = [decoded_on_cpu(path, share) for path in paths]
         assert abs(sum(chosen) / len(paths) - share) < 0.03, share
         assert chosen == [decoded_on_cpu(path, share) for path in paths]  # the same in every worker, epoch and run
+    # The class folder and file name decide, not where the dataset is mounted.
+    moved = [path.replace("/data/train/", "/mnt/nfs/imagenet/train/") for path in paths]
+    assert [decoded_on_cpu(path, 0.7) for path in moved] == [decoded_on_cpu(path, 0.7) for path in paths]
     # A larger share keeps the files of a smaller one: raising it moves files from the GPU to the CPU, no reshuffle.
     assert all(decoded_on_cpu(path, 0.7) for path in paths if decoded_on_cpu(path, 0.25))
     assert not any(decoded_on_cpu(path, 0.0) for path in paths)
@@ -214,9 +219,23 @@ def test_packed_batches_from_worker_processes_decode_as_in_the_main_process(file
         return [(decode_batch(images, "cpu", 64), targets) for images, targets in data]
 
     in_workers, in_main = batches(2), batches(0)
+    assert release_pending() == 0  # on the CPU every buffer goes at once
     assert len(in_workers) == len(in_main) == 3
     for (x, y), (ref_x, ref_y) in zip(in_workers, in_main, strict=True):
         assert torch.equal(y, ref_y) and torch.equal(x, ref_x)
+
+
+def test_a_shared_buffer_is_freed_unless_another_tensor_still_reads_it():
+    alone = torch.arange(3 * 2**20, dtype=torch.int32).to(torch.uint8).share_memory_()
+    assert release_host_buffer(alone) and alone.numel() == 0  # its pages went back (madvise on Linux)
+
+    viewed = torch.full((3 * 2**20,), 7, dtype=torch.uint8).share_memory_()
+    view = viewed[4096:]
+    assert not release_host_buffer(viewed) and viewed.numel() == 0
+    assert bool((view == 7).all())  # the other tensor keeps its data: only the first lost its storage
+
+    private = torch.ones(4096, dtype=torch.uint8)  # not shared memory: nothing to free early
+    assert not release_host_buffer(private) and private.numel() == 0
 
 
 @pytest.mark.parametrize(
