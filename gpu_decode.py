@@ -19,10 +19,10 @@ JPEG engines (torchvision creates its hardware backend; an nsys trace shows only
 table) beside the training thread, which needs the GIL to launch kernels. PIL in the workers costs the training process
 nothing but ~3 ms of a core per image. With a share ``s``, the workers decode, crop, resize and flip that share of the
 files exactly as ``data.decode: cpu`` does (same transforms, same per-sample random draws) and hand the finished crops
-over as uint8 pixels; the GPU path takes the rest. Which files go to the CPU is a fixed function
-of the file's path (a hash below ``s``): independent of the worker, the rank, the epoch and of resuming, so runs stay
-reproducible. A collated batch (:class:`PackedBatch`) puts its finished crops first and the encoded files after them,
-targets in the same order; the order within a batch does not matter to training or metrics.
+over as uint8 pixels; the GPU path takes the rest. Which files go to the CPU is a fixed function of the class folder
+and file name (a hash below ``s``): independent of the worker, the rank, the epoch, resuming and where the dataset is
+mounted, so runs stay reproducible. A collated batch (:class:`PackedBatch`) puts its finished crops first and the
+encoded files after them, targets in the same order; the order within a batch does not matter to training or metrics.
 
 The crop, resize and flip of a batch are a fixed handful of launches, not a few per image: the per-image loop it
 replaces (crop, cast, flip, ``F.interpolate`` per sample, ~6 ops each, ~1,500 per batch of 256) held the GIL on the
