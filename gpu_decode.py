@@ -275,7 +275,7 @@ def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[PackedBatch, 
     return PackedBatch(data, len(finished), side, table), targets
 
 
-def decode_batch(images: PackedBatch | list[Encoded], device: torch.device | str, size: int) -> torch.Tensor:
+def decode_batch(images: PackedBatch, device: torch.device | str, size: int) -> torch.Tensor:
     """The prefetcher's decoder: the batch's finished crops copied, the other samples decoded and cropped
     (:func:`decode_crop_resize`); float32 ``(N, 3, size, size)`` on 0..255, finished crops first.
 
@@ -283,8 +283,6 @@ def decode_batch(images: PackedBatch | list[Encoded], device: torch.device | str
     released).
     """
     device = torch.device(device)
-    if not isinstance(images, PackedBatch):
-        return decode_crop_resize(images, device, size)
     if images.finished and images.size != size:
         raise ValueError(f"finished crops are {images.size}x{images.size}, expected {size}x{size}")
     finished, samples = images.unpack()

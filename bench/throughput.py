@@ -75,21 +75,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--launcher", default="lightning", choices=["lightning", "torchrun"], help="app under DDP")
     p.add_argument("--raw-loop", default=str(ROOT / ".carry" / "raw_loop.py"))
     p.add_argument("--child", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
-
-
-def warmup_steps(a: argparse.Namespace) -> int:
-    """``--warmup``, or its default for the run: 20 steps eager, 60 compiled."""
-    if a.warmup is not None:
-        return a.warmup
-    return 60 if a.compile else 20
+    a = p.parse_args(argv)
+    if a.warmup is None:
+        a.warmup = 60 if a.compile else 20
+    return a
 
 
 def run_raw(a: argparse.Namespace) -> dict:
     import torch
 
     argv = ["raw_loop.py", "--arch", a.arch, "--batch", str(a.batch), "--precision", a.precision]
-    argv += ["--steps", str(a.steps), "--warmup", str(warmup_steps(a))]
+    argv += ["--steps", str(a.steps), "--warmup", str(a.warmup)]
     argv += ["--channels-last"] * a.channels_last + ["--compile"] * a.compile
     sys.argv = argv
     start = time.perf_counter()
@@ -131,7 +127,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         workers=a.workers if folder else 0,
         channels_last=a.channels_last,
         synthetic_num_classes=1000,
-        synthetic_train_steps=warmup_steps(a) + a.steps + 5,
+        synthetic_train_steps=a.warmup + a.steps + 5,
         decode="gpu" if name == "app_folder_gpu" else "cpu",
         cpu_decode_share=cpu_share,
     )
@@ -142,7 +138,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         channels_last=a.channels_last,
         compile="default" if a.compile else None,
     )
-    timer = StepClock(warmup_steps(a), warmup_steps(a) + a.steps)
+    timer = StepClock(a.warmup, a.warmup + a.steps)
     # As train.py always has it: it also replaces Lightning's per-step sigterm broadcast, a host sync under DDP.
     callbacks: list[pl.Callback] = [timer, PreemptionHandler()]
     if variant == "app_nvtx":
@@ -153,7 +149,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         devices=gpus,
         strategy="ddp" if gpus > 1 else "auto",
         precision=PRECISIONS[a.precision],
-        max_steps=warmup_steps(a) + a.steps,
+        max_steps=a.warmup + a.steps,
         limit_val_batches=0,
         logger=False,
         enable_checkpointing=False,

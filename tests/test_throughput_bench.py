@@ -74,6 +74,6 @@ def test_split_variants_carry_their_cpu_share_and_bad_ones_are_refused(throughpu
 
 
 def test_compiled_runs_warm_up_longer_unless_told(throughput) -> None:
-    assert throughput.warmup_steps(throughput.parse([])) == 20
-    assert throughput.warmup_steps(throughput.parse(["--compile"])) == 60
-    assert throughput.warmup_steps(throughput.parse(["--compile", "--warmup", "5"])) == 5
+    assert throughput.parse([]).warmup == 20
+    assert throughput.parse(["--compile"]).warmup == 60
+    assert throughput.parse(["--compile", "--warmup", "5"]).warmup == 5
