@@ -14,15 +14,18 @@ Validation uses the same stage: ``Resize(s) + CenterCrop(c)`` equals cropping th
 ``short_side * c / s`` and resizing it to ``c``.
 
 **Splitting the decode between the workers and the GPU** (``data.cpu_decode_share``). On an H200 nvJPEG decodes on the
-JPEG engines (torchvision creates its hardware backend; an nsys trace shows only its colour conversion on the SMs,
-~0.3 ms a batch), but every JPEG also costs host work in the training process (headers, output buffers, the crop
-table) beside the training thread, which needs the GIL to launch kernels. PIL in the workers costs the training process
-nothing but ~3 ms of a core per image. With a share ``s``, the workers decode, crop, resize and flip that share of the
-files exactly as ``data.decode: cpu`` does (same transforms, same per-sample random draws) and hand the finished crops
-over as uint8 pixels; the GPU path takes the rest. Which files go to the CPU is a fixed function of the class folder
-and file name (a hash below ``s``): independent of the worker, the rank, the epoch, resuming and where the dataset is
-mounted, so runs stay reproducible. A collated batch (:class:`PackedBatch`) puts its finished crops first and the
-encoded files after them, targets in the same order; the order within a batch does not matter to training or metrics.
+JPEG engines (torchvision creates its hardware backend; an nsys trace shows only its colour conversion on the SMs, ~0.3
+ms a batch), but every JPEG also costs host work in the training process (headers, output buffers, the crop table)
+beside the training thread, which needs the GIL to launch kernels, and nvJPEG frees device memory when images of new
+sizes come; a free waits for the whole GPU and holds up the training thread's launches meanwhile
+(``bench/nvjpeg_calls.py``; torchvision does not let the caller set nvJPEG's allocators). PIL in the workers costs the
+training process nothing but ~3 ms of a core per image. With a share ``s``, the workers decode, crop, resize and flip
+that share of the files exactly as ``data.decode: cpu`` does (same transforms, same per-sample random draws) and hand
+the finished crops over as uint8 pixels; the GPU path takes the rest. Which files go to the CPU is a fixed function of
+the class folder and file name (a hash below ``s``): independent of the worker, the rank, the epoch, resuming and where
+the dataset is mounted, so runs stay reproducible. A collated batch (:class:`PackedBatch`) puts its finished crops first
+and the encoded files after them, targets in the same order; the order within a batch does not matter to training or
+metrics.
 
 The crop, resize and flip of a batch are a fixed handful of launches, not a few per image: the per-image loop it
 replaces (crop, cast, flip, ``F.interpolate`` per sample, ~6 ops each, ~1,500 per batch of 256) held the GIL on the
@@ -289,12 +292,24 @@ def decode_batch(images: PackedBatch, device: torch.device | str, size: int) -> 
     out = torch.empty((images.finished + len(images.table), 3, size, size), dtype=torch.float32, device=device)
     if images.finished:
         # The cast in the copy into ``out``: no float32 temporary (a uint8 one on the device).
-        out[: images.finished].copy_(finished.to(device, non_blocking=True))
+        out[: images.finished].copy_(_staged(finished, device).to(device, non_blocking=True))
     if samples:
         out[images.finished :].copy_(decode_crop_resize(samples, device, size))
     del finished, samples  # views of the buffer: its release must drop the last reference
     release_later(images.data, device)
     return out
+
+
+def _staged(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` in page-locked memory when it goes to a CUDA device: a copy from pageable memory holds a driver lock
+    while the driver stages it, and every other thread's launches wait that long (5-8 ms a step for 218 finished crops
+    in an H200 trace, the training thread's launches included). Copying into page-locked memory here takes the same
+    few milliseconds of this thread, without the GIL or the driver; the copy to the device then runs on its own. The
+    staging block goes back to PyTorch's host allocator, which reuses it only after that copy has finished."""
+    if device.type != "cuda" or host.is_pinned():
+        return host
+    staging = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+    return staging.copy_(host)
 
 
 # --- releasing the host buffers of packed batches --------------------------------------------------------------------
@@ -332,11 +347,12 @@ def release_host_buffer(buffer: torch.Tensor) -> bool:
 class _PendingRelease:
     """Host buffers of packed batches waiting until nothing queued on the device can read them.
 
-    The finished crops and the non-JPEG pixels are copied from the buffer with ``non_blocking``. CUDA stages a copy
-    from pageable memory before the call returns on the usual systems, but systems that share memory between CPU and
-    GPU may read it in place. So a buffer is released only once an event recorded after its batch's work on the
-    current stream has passed: in practice at the next batch. One list for all devices and loaders (the train and val
-    producers may overlap).
+    On CUDA the finished crops and the non-JPEG pixels leave the buffer through a CPU copy into page-locked memory
+    (:func:`_staged`), and nvJPEG has read the JPEG bytes when its call returns, so nothing queued should read the
+    buffer. It is still released only once an event recorded after its batch's work on the current stream has passed
+    (in practice at the next batch): that costs nothing and keeps it safe from any copy that reads it in place, as on
+    systems that share memory between CPU and GPU. One list for all devices and loaders (the train and val producers
+    may overlap).
     """
 
     lock = threading.Lock()
@@ -439,7 +455,9 @@ def _decode(samples: list[Encoded], device: torch.device) -> tuple[list[torch.Te
     """The ``(3, H, W)`` uint8 pixels of every sample on ``device``, and what to call once their last read is queued."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    images = [None if sample.encoded else sample.data.to(device, non_blocking=True) for sample in samples]
+    images = [
+        None if sample.encoded else _staged(sample.data, device).to(device, non_blocking=True) for sample in samples
+    ]
     jpeg_index = [i for i, sample in enumerate(samples) if sample.encoded]
     release: Callable[[], None] = _nothing
     if jpeg_index:

@@ -17,6 +17,8 @@ Variants:
     app_folder     the app on a JPEG folder (--data): PIL decode + crop in the workers, the prefetcher's copy
     app_folder_gpu the app on the same folder with data.decode=gpu: nvJPEG decode + crop/resize/flip on the GPU
     app_folder_gpu@S  the same with data.cpu_decode_share=S: the workers decode that share of the files with PIL
+    app_folder_gpu_pageable[@S]  the same, with the finished crops copied to the GPU from pageable memory as before
+                   they were staged in page-locked memory (gpu_decode._staged bypassed): that change side by side
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
@@ -37,14 +39,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRECISIONS = {"fp32": "32-true", "tf32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
-VARIANTS = ("raw", "app_synthetic", "app_nvtx", "app_folder", "app_folder_gpu")
+VARIANTS = ("raw", "app_synthetic", "app_nvtx", "app_folder", "app_folder_gpu", "app_folder_gpu_pageable")
 
 
 def split_variant(variant: str) -> tuple[str, float]:
     """``app_folder_gpu@0.7`` -> ``("app_folder_gpu", 0.7)``; any other variant has a CPU decode share of 0."""
     name, at, share = variant.partition("@")
-    if name not in VARIANTS or (at and name != "app_folder_gpu"):
-        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, app_folder_gpu@SHARE")
+    if name not in VARIANTS or (at and not name.startswith("app_folder_gpu")):
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, app_folder_gpu[_pageable]@SHARE")
     try:
         value = float(share) if at else 0.0
     except ValueError:
@@ -120,6 +122,10 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
 
     name, cpu_share = split_variant(variant)
     folder = name.startswith("app_folder")
+    if name.endswith("_pageable"):
+        import gpu_decode
+
+        gpu_decode._staged = lambda host, device: host  # the copy from the worker's (pageable) buffer, as it was
     data = ImageNetDataModule(
         root=a.data or "unused",
         source="folder" if folder else "synthetic",
@@ -128,7 +134,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         channels_last=a.channels_last,
         synthetic_num_classes=1000,
         synthetic_train_steps=a.warmup + a.steps + 5,
-        decode="gpu" if name == "app_folder_gpu" else "cpu",
+        decode="gpu" if name.startswith("app_folder_gpu") else "cpu",
         cpu_decode_share=cpu_share,
     )
     model = ImageNetClassifier(

@@ -407,3 +407,22 @@ def test_batched_on_the_gpu_matches_the_reference_also_back_to_back_on_a_side_st
     for k, output in enumerate(outputs):
         difference = (output - out[k % 3 :]).abs()
         assert difference.mean() < 0.01 and difference.max() < 0.5, k
+
+
+def test_host_pixels_are_staged_only_for_a_cuda_device():
+    from gpu_decode import _staged
+
+    host = torch.arange(96, dtype=torch.uint8).view(2, 3, 4, 4)
+    assert _staged(host, torch.device("cpu")) is host  # the CPU path copies nothing
+
+
+@pytest.mark.gpu
+def test_host_pixels_are_staged_in_page_locked_memory_for_the_gpu():
+    from gpu_decode import _staged
+
+    host = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    staged = _staged(host, torch.device("cuda"))
+    # A copy in page-locked memory (so the copy to the device is asynchronous), the same pixels, not a view.
+    assert staged.is_pinned() and not host.is_pinned()
+    assert torch.equal(staged, host) and staged.data_ptr() != host.data_ptr()
+    assert _staged(staged, torch.device("cuda")) is staged  # already page-locked: used as it is

@@ -59,6 +59,7 @@ def test_a_folder_variant_without_data_is_refused_before_any_run(throughput) -> 
 def test_split_variants_carry_their_cpu_share_and_bad_ones_are_refused(throughput) -> None:
     assert throughput.split_variant("app_folder_gpu@0.7") == ("app_folder_gpu", 0.7)
     assert throughput.split_variant("app_folder_gpu") == ("app_folder_gpu", 0.0)
+    assert throughput.split_variant("app_folder_gpu_pageable@0.85") == ("app_folder_gpu_pageable", 0.85)
     assert throughput.split_variant("raw") == ("raw", 0.0)
     for bad, message in [
         ("app_folder@0.5", "unknown variant 'app_folder@0.5'"),
