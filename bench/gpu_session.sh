@@ -12,8 +12,8 @@
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 # report2  : the same on 2 GPUs (DDP): one report with both ranks; SHARE sets data.cpu_decode_share of both (default 0)
 # ddp-P    : bench/throughput.py on 1 and all GPUs of the machine (torchrun): raw loop, app synthetic, app nvJPEG
-#            folder; scaling. Workers: cores per GPU minus two (16 per GPU on 32 cores for 2 GPUs oversubscribed the
-#            machine: the split decode fell to 0.53 of synthetic)
+#            folder; scaling. Workers: cores per GPU minus two (the split decode on 2 GPUs sharing 32 cores gave 0.53
+#            of synthetic with 16 workers per GPU and 0.655 with 14; not explained, see bench/RESULTS.md)
 # VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
 # LAUNCHER=lightning runs the ddp stage's app rows under Lightning's own launcher instead of torchrun.
 # The JPEG folder holds 30,000 training images: the timed steps of a 1-GPU run stay inside one epoch.

@@ -1,14 +1,16 @@
 """What the GPU decode path's producer work costs the training thread: nvJPEG's buffer growth and pageable copies.
 
 An nsys trace of ``data.decode: gpu`` with ``data.cpu_decode_share 0.85`` (bench/RESULTS.md) showed the producer
-thread, once a step, in a ``cuMemFree`` (5-12 ms) inside torchvision's batched nvJPEG call and in a pageable
-``cudaMemcpyAsync`` of the finished crops (6-8 ms); the training thread's launches waited for both. This script calls
+thread in a pageable ``cudaMemcpyAsync`` of the finished crops every step (5.1-8.0 ms) and in a ``cuMemFree``
+(0.8-12.3 ms) inside torchvision's batched nvJPEG call in 7 of 10 steps; the training thread's launches waited for
+both. This script calls
 the producer's work the way the prefetcher does, on new files every call as in training, while a second thread
 launches small kernels (as the training thread does) and the GPU runs unrelated work on another stream (a one-thread
 ``torch.cuda._sleep`` kernel that leaves the SMs free), and prints per row:
 
     call ms        host time of one call (median / largest)
-    waited         calls that returned only after the unrelated GPU work had finished: a device-wide sync
+    waited         calls that returned only after the unrelated GPU work (--busy-ms, longer than any call should
+                   take) had finished: a device-wide sync
     launcher gap   the launching thread's longest pause between two launches during the row (the GIL, or a driver
                    lock the call held), against the ``idle`` row's
 
@@ -19,9 +21,11 @@ Rows, in this order in one process:
     decode_batch, pageable  the app's producer work on packed batches (share --share), crops copied from pageable memory
     decode_batch            the same as the app does it: crops staged in page-locked memory
 
-Run it under ``nsys profile -t cuda,nvtx`` to count ``cuMemFree`` per row (each row is an NVTX range). On an H200
-(bench/RESULTS.md) the frees came with new image sizes: ~7 per call of files of many sizes, each waiting for the whole
-device, and none with files of one size; decoding 256 large JPEGs first did not prevent them.
+Run it under ``nsys profile -t cuda,nvtx`` and count ``cuMemFree`` per row with ``bench/nsys_api_by_range.py``
+(each row is an NVTX range, its warm-up calls included). On an H200 (bench/RESULTS.md) the frees came with new image
+sizes: 101 in 18 calls of files of many sizes, each waiting for the whole device, and 3 short ones with files of one
+size; decoding 256 large JPEGs first did not prevent them. Only files nvJPEG gets are used (JPEGs PIL would decode are
+skipped).
 
     python bench/nvjpeg_calls.py --data /tmp/jpegs --share 0.85
 """
@@ -53,7 +57,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--share", type=float, default=0.85, help="data.cpu_decode_share the JPEG counts stand for")
     p.add_argument("--calls", type=int, default=25, help="timed calls per row")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls per row before timing")
-    p.add_argument("--busy-ms", type=float, default=30.0, help="GPU work on another stream before each call")
+    p.add_argument(
+        "--busy-ms", type=float, default=100.0, help="GPU work on another stream before each call: longer than a call"
+    )
     p.add_argument("--same-size", type=int, nargs=2, metavar=("W", "H"), help="add a row of new files all W x H")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
@@ -147,13 +153,21 @@ def main(argv: list[str] | None = None) -> None:
     files = sorted(folder.glob("*/*.JPEG"))
     np.random.default_rng(a.seed).shuffle(files)
     rows_with_files = 4 if a.same_size else 3
-    counts = np.random.default_rng(a.seed).binomial(a.batch, 1.0 - a.share, size=a.calls + a.warmup).tolist()
+    counts = np.random.default_rng(a.seed).binomial(a.batch, 1.0 - a.share, size=a.calls + a.warmup)
+    counts = counts.clip(min=1).tolist()
     needed = rows_with_files * sum(counts)
-    if len(files) < needed:
-        raise SystemExit(f"{folder}: every call gets new files; need {needed} JPEGs, found {len(files)}")
     loader = EncodedSampleLoader(True, 224, 0.08, 256, pil_loader=lambda path: Image.open(path).convert("RGB"))
     torch.manual_seed(a.seed)
-    samples = iter([loader(str(f)) for f in files[:needed]])  # read before any timing
+    encoded = []  # read before any timing; only files nvJPEG gets (not CMYK, PNG, rotated or truncated ones)
+    for f in files:
+        if len(encoded) == needed:
+            break
+        sample = loader(str(f))
+        if sample.encoded:
+            encoded.append(sample)
+    if len(encoded) < needed:
+        raise SystemExit(f"{folder}: every call gets new files; need {needed} JPEGs for nvJPEG, found {len(encoded)}")
+    samples = iter(encoded)
     crop = torch.randint(0, 256, (3, 224, 224), dtype=torch.uint8)
     finished = Encoded(crop, False, (0, 0, 224, 224), False, finished=True)
     producer = torch.cuda.Stream(device)
