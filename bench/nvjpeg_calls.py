@@ -75,11 +75,13 @@ class Launcher:
         self.tensor = torch.zeros(1024, device=device)
         self.stream = torch.cuda.Stream(device)
         self.stop = threading.Event()
+        self.started = threading.Event()  # set after the thread's warm-up: pauses count from then on
         self.longest = 0.0
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         launches = 0
+        warmup_end = time.perf_counter() + 0.1
         with torch.cuda.stream(self.stream):
             last = time.perf_counter()
             while not self.stop.is_set():
@@ -88,13 +90,16 @@ class Launcher:
                 if launches % 64 == 0:
                     self.stream.synchronize()  # a short queue: the pause measures the host, not a full queue
                 now = time.perf_counter()
-                self.longest = max(self.longest, now - last)
+                if self.started.is_set():
+                    self.longest = max(self.longest, now - last)
+                elif now >= warmup_end:
+                    self.started.set()
                 last = now
 
     def __enter__(self) -> Launcher:
         self.thread.start()
-        time.sleep(0.1)
-        self.longest = 0.0
+        if not self.started.wait(timeout=30):
+            raise RuntimeError("the launcher thread did not start launching within 30 s")
         return self
 
     def __exit__(self, *exc: object) -> None:

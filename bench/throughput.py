@@ -17,7 +17,7 @@ Variants:
     app_folder     the app on a JPEG folder (--data): PIL decode + crop in the workers, the prefetcher's copy
     app_folder_gpu the app on the same folder with data.decode=gpu: nvJPEG decode + crop/resize/flip on the GPU
     app_folder_gpu@S  the same with data.cpu_decode_share=S: the workers decode that share of the files with PIL
-    app_folder_gpu_pageable[@S]  the same, with the finished crops copied to the GPU from pageable memory as before
+    app_folder_gpu_pageable@S  the same, with the finished crops copied to the GPU from pageable memory as before
                    they were staged in page-locked memory (gpu_decode._staged bypassed): that change side by side
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
@@ -53,6 +53,9 @@ def split_variant(variant: str) -> tuple[str, float]:
         value = -1.0
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"variant {variant!r}: the CPU decode share after '@' must be a number in [0, 1]")
+    if name.endswith("_pageable") and value == 0.0:
+        # Only finished crops take the staged copy: without any, the variant would be app_folder_gpu itself.
+        raise ValueError(f"variant {variant!r}: the pageable copy needs finished crops: add @SHARE with SHARE > 0")
     return name, value
 
 

@@ -66,6 +66,7 @@ def test_split_variants_carry_their_cpu_share_and_bad_ones_are_refused(throughpu
         ("app_folder_gpu@1.5", r"must be a number in \[0, 1\]"),
         ("app_folder_gpu@half", r"must be a number in \[0, 1\]"),
         ("app_sythetic", "unknown variant 'app_sythetic'; valid: raw, app_synthetic"),
+        ("app_folder_gpu_pageable", r"needs finished crops: add @SHARE with SHARE > 0"),
     ]:
         with pytest.raises(ValueError, match=message):
             throughput.split_variant(bad)
