@@ -4,6 +4,8 @@
 #   bash bench/gpu_session.sh OUTDIR STAGE...
 # tests    : python -m pytest -m gpu (every GPU test of the suite)
 # decode   : bench/decode_bench.py: nvJPEG decode and the per-image vs batched crop/resize on a JPEG folder
+# nvjpeg   : bench/nvjpeg_calls.py under nsys (new files of many sizes vs one size, the app's decode_batch), then the
+#            cuMemFree/copy/sync counts per row (bench/nsys_api_by_range.py); only text comes back, not the report
 # eager-P  : bench/throughput.py, precision P (bf16|fp16), eager: raw loop, app synthetic, NVTX on, PIL folder, nvJPEG
 # compile-P: the same compiled (torch.compile), without the NVTX and PIL rows
 # split-P  : bench/throughput.py on 1 GPU pinned to CORES cores (default 16, as one H200 has on these machines;
@@ -31,6 +33,13 @@ for stage in "$@"; do
   tests) timeout "${STAGE_TIMEOUT:-360}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=25 tests \
     > "$out/pytest_gpu.txt" 2>&1
     tail -25 "$out/pytest_gpu.txt" ;;
+  nvjpeg) jpegs; timeout "$limit" nsys profile -s none -t cuda,nvtx --force-overwrite true -o /tmp/nvjpeg_calls \
+      python3 bench/nvjpeg_calls.py --data /tmp/jpegs --share "${SHARE:-0.85}" --calls 15 --same-size 500 375 \
+      > "$out/nvjpeg_calls.txt" 2>&1
+    grep "^|" "$out/nvjpeg_calls.txt"
+    nsys export --type sqlite --force-overwrite true -o /tmp/nvjpeg_calls.sqlite /tmp/nvjpeg_calls.nsys-rep >/dev/null \
+      && python3 bench/nsys_api_by_range.py /tmp/nvjpeg_calls.sqlite | tee "$out/nvjpeg_api_by_range.txt" \
+      | grep -i "free\|alloc\|memcpy\|range" ;;
   decode) jpegs; timeout "$limit" python3 bench/decode_bench.py --data /tmp/jpegs --batch 256 --iters 20 2>&1 \
     | tee "$out/decode_bench.txt" | tail -20 ;;
   eager-*|compile-*)
