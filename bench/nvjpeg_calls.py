@@ -1,12 +1,11 @@
-"""What the GPU decode path's producer work costs the training thread: nvJPEG's buffer growth and pageable copies.
+"""What the GPU decode path's producer work costs the training thread: nvJPEG's frees and pageable copies.
 
 An nsys trace of ``data.decode: gpu`` with ``data.cpu_decode_share 0.85`` (bench/RESULTS.md) showed the producer
 thread in a pageable ``cudaMemcpyAsync`` of the finished crops every step (5.1-8.0 ms) and in a ``cuMemFree``
 (0.8-12.3 ms) inside torchvision's batched nvJPEG call in 7 of 10 steps; the training thread's launches waited for
-both. This script calls
-the producer's work the way the prefetcher does, on new files every call as in training, while a second thread
-launches small kernels (as the training thread does) and the GPU runs unrelated work on another stream (a one-thread
-``torch.cuda._sleep`` kernel that leaves the SMs free), and prints per row:
+both. This script calls the producer's work the way the prefetcher does, on new files every call as in training, while
+a second thread launches small kernels (as the training thread does) and the GPU runs unrelated work on another stream
+(a one-thread ``torch.cuda._sleep`` kernel that leaves the SMs free), and prints per row:
 
     call ms        host time of one call (median / largest)
     waited         calls that returned only after the unrelated GPU work (--busy-ms, longer than any call should
@@ -24,8 +23,8 @@ Rows, in this order in one process:
 Run it under ``nsys profile -t cuda,nvtx`` and count ``cuMemFree`` per row with ``bench/nsys_api_by_range.py``
 (each row is an NVTX range, its warm-up calls included). On an H200 (bench/RESULTS.md) the frees came with new image
 sizes: 101 in 18 calls of files of many sizes, each waiting for the whole device, and 3 short ones with files of one
-size; decoding 256 large JPEGs first did not prevent them. Only files nvJPEG gets are used (JPEGs PIL would decode are
-skipped).
+size; decoding 256 large JPEGs first did not prevent them. Only files nvJPEG gets are used (the ones the app hands to
+PIL, such as CMYK or truncated JPEGs, are skipped).
 
     python bench/nvjpeg_calls.py --data /tmp/jpegs --share 0.85
 """
