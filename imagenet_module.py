@@ -141,6 +141,12 @@ class ImageNetClassifier(pl.LightningModule):
         channels_last: Run the model in channels_last memory format (tensor cores want NHWC).
         compile: ``torch.compile`` the model with this mode (``default``, ``reduce-overhead``, ``max-autotune``,
             ``max-autotune-no-cudagraphs``), or ``null`` for eager.
+        fused_sgd: The SGD kernel. ``true``: torch's fused SGD, one kernel for the whole update; under ``16-mixed``
+            it also takes GradScaler's overflow check: a step with inf/NaN gradients is skipped on the GPU, so no
+            step waits for the host to read the check back (the unfused optimizer syncs once per step for it).
+            ``false``: torch's foreach SGD. ``null`` (default): fused on CUDA, except under ``16-mixed`` with
+            ``trainer.gradient_clip_val`` (clipping needs unscaled gradients before the step; Lightning refuses it
+            with a fused optimizer).
     """
 
     def __init__(
@@ -160,6 +166,7 @@ class ImageNetClassifier(pl.LightningModule):
         batch_size: int = 256,
         channels_last: bool = False,
         compile: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = None,
+        fused_sgd: bool | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -249,11 +256,14 @@ class ImageNetClassifier(pl.LightningModule):
     def configure_optimizers(self) -> Any:
         h = self.hparams
         base_lr = h.lr * self.global_batch_size() / 256
-        # Not fused=True, although the fused SGD would take fp16's overflow check off the host: in torch 2.11 its
-        # kernel advances the momentum on the overflow steps GradScaler must skip, and the first steps of fp16
-        # training overflow by design (measured here: val_loss NaN after 8 steps on an H200).
+        fused = self._fused_sgd()
         optimizer = torch.optim.SGD(
-            self.parameters(), lr=base_lr, momentum=h.momentum, weight_decay=h.weight_decay, nesterov=h.nesterov
+            self.parameters(),
+            lr=base_lr,
+            momentum=h.momentum,
+            weight_decay=h.weight_decay,
+            nesterov=h.nesterov,
+            fused=fused,
         )
         steps_per_epoch = self.steps_per_epoch()
         max_epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 90
@@ -264,6 +274,40 @@ class ImageNetClassifier(pl.LightningModule):
             ),
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}
+
+    def _fused_sgd(self) -> bool:
+        """Whether this run's SGD is fused (``fused_sgd``, resolved for the device, precision and clipping)."""
+        trainer = self.trainer
+        clipping = bool(trainer.gradient_clip_val) and trainer.precision == "16-mixed"
+        if self.hparams.fused_sgd is None:
+            return self.device.type == "cuda" and not clipping
+        if self.hparams.fused_sgd and clipping:
+            raise ValueError(
+                f"model.fused_sgd: true cannot be combined with trainer.gradient_clip_val "
+                f"{trainer.gradient_clip_val} under precision 16-mixed (clipping needs the gradients unscaled before "
+                "the step, the fused kernel unscales inside it); set model.fused_sgd: false, or null to choose"
+            )
+        return bool(self.hparams.fused_sgd)
+
+    @override
+    def on_train_start(self) -> None:
+        # After Lightning restored the optimizer: a checkpoint's param_groups carry the "fused" flag of the run that
+        # saved it, and loading them would silently switch the kernel (a foreach group under an optimizer that told
+        # GradScaler it skips overflow steps itself would apply them).
+        fused = self._fused_sgd()
+        for optimizer in self.trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["fused"], group["foreach"] = fused, (False if fused else group.get("foreach"))
+                if not group["momentum"]:
+                    continue
+                # Zero momentum buffers before the first step. torch's fused SGD creates them with empty_like on its
+                # first step and then skips the whole kernel when GradScaler found inf/NaN gradients, which fp16
+                # training's first steps do by design: the buffers kept uninitialized memory and the weights blew
+                # up a step later (val_loss NaN on an H200). From zero, the first step is torch's: 0.9 x 0 + g = g.
+                for param in group["params"]:
+                    state = optimizer.state[param]
+                    if state.get("momentum_buffer") is None:
+                        state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
     # --- steps ----------------------------------------------------------------------------------------
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:

@@ -12,6 +12,8 @@ line; the parent prints a Markdown table with ratios to the plain loop.
 Variants:
     raw            the plain loop (.carry/raw_loop.py, or --raw-loop PATH): synthetic data on the GPU
     app_synthetic  the app (ImageNetClassifier + ImageNetDataModule(source=synthetic) + Trainer), same config
+    app_synthetic_foreach  the same with model.fused_sgd=false: torch's foreach SGD, as the plain loop steps (under
+                   fp16, GradScaler then reads its overflow check back to the host every step)
     app_nvtx       as app_synthetic with the profiling callback on and its window past the end: the cost of the
                    NVTX step/phase ranges outside the window
     app_folder     the app on a JPEG folder (--data): PIL decode + crop in the workers, the prefetcher's copy
@@ -39,7 +41,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRECISIONS = {"fp32": "32-true", "tf32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
-VARIANTS = ("raw", "app_synthetic", "app_nvtx", "app_folder", "app_folder_gpu", "app_folder_gpu_pageable")
+VARIANTS = (
+    "raw",
+    "app_synthetic",
+    "app_synthetic_foreach",
+    "app_nvtx",
+    "app_folder",
+    "app_folder_gpu",
+    "app_folder_gpu_pageable",
+)
 
 
 def split_variant(variant: str) -> tuple[str, float]:
@@ -146,6 +156,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         batch_size=a.batch,
         channels_last=a.channels_last,
         compile="default" if a.compile else None,
+        fused_sgd=False if name.endswith("_foreach") else None,
     )
     timer = StepClock(a.warmup, a.warmup + a.steps)
     # As train.py always has it: it also replaces Lightning's per-step sigterm broadcast, a host sync under DDP.

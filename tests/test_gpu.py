@@ -233,3 +233,59 @@ def test_gpu_decode_trains_with_files_nvjpeg_should_not_get(tmp_path: Path, cpu_
     assert data.gpu_decode
     assert trainer.global_step == 2 * (122 // 16)
     assert 0.0 <= trainer.callback_metrics["val_acc1"].item() <= 1.0
+
+
+class _NoSyncWindow(pl.Callback):
+    """Makes every synchronizing CUDA call raise (``torch.cuda.set_sync_debug_mode("error")``) from the start to the
+    end of training batches ``first``..``last``: forward, backward, the optimizer step and GradScaler's update."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last, self.checked = first, last, 0
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:  # noqa: ANN001
+        if self.first <= batch_idx <= self.last:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args) -> None:  # noqa: ANN002
+        if torch.cuda.get_sync_debug_mode():
+            torch.cuda.set_sync_debug_mode(0)
+            self.checked += 1
+
+
+@pytest.mark.parametrize(
+    ("precision", "fused_sgd", "syncs"),
+    [("16-mixed", None, False), ("bf16-mixed", None, False), ("16-mixed", False, True)],
+)
+def test_training_steps_make_no_host_sync(precision: str, fused_sgd: bool | None, syncs: bool):
+    """No step waits for the host to read a value back: under 16-mixed the fused SGD (the default on CUDA) skips
+    overflow steps on the device. The unfused SGD, where GradScaler reads its overflow check back each step, shows
+    that the window catches a sync."""
+    data = ImageNetDataModule(
+        root="unused",
+        source="synthetic",
+        batch_size=32,
+        crop_size=64,
+        synthetic_num_classes=10,
+        synthetic_train_steps=8,
+    )
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=32, channels_last=True, fused_sgd=fused_sgd)
+    window = _NoSyncWindow(3, 6)
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision=precision,
+        max_steps=8,
+        log_every_n_steps=100,
+        callbacks=[window],
+        **QUIET,
+    )
+    try:
+        if syncs:
+            with pytest.raises(RuntimeError, match="synchroniz"):
+                trainer.fit(model, data)
+        else:
+            trainer.fit(model, data)
+            assert window.checked == 4
+            assert all(torch.isfinite(p).all() for p in model.parameters())
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

@@ -72,9 +72,21 @@ def test_cosine_schedule() -> None:
 
 
 # --- learning-rate scaling and configure_optimizers --------------------------------------------------------------
-def mocked_trainer(world_size: int, accumulate: int, batches: int = 10, max_epochs: int = 90) -> SimpleNamespace:
+def mocked_trainer(
+    world_size: int,
+    accumulate: int,
+    batches: int = 10,
+    max_epochs: int = 90,
+    precision: str = "32-true",
+    gradient_clip_val: float | None = None,
+) -> SimpleNamespace:
     return SimpleNamespace(
-        world_size=world_size, accumulate_grad_batches=accumulate, num_training_batches=batches, max_epochs=max_epochs
+        world_size=world_size,
+        accumulate_grad_batches=accumulate,
+        num_training_batches=batches,
+        max_epochs=max_epochs,
+        precision=precision,
+        gradient_clip_val=gradient_clip_val,
     )
 
 
@@ -127,6 +139,92 @@ def test_schedule_and_scaling_through_a_real_trainer(shapes_root: Path) -> None:
     assert list(lrs.lr) == list(range(4 * spe))
     assert [lrs.lr[s] for s in range(4 * spe)] == pytest.approx(expected)
     assert [lrs.epoch[s] for s in range(4 * spe)] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+# --- the SGD kernel: fused, and GradScaler's skipped steps -------------------------------------------------------
+@pytest.mark.parametrize(
+    ("fused_sgd", "device", "precision", "clip", "expected"),
+    [
+        (None, "cpu", "32-true", None, False),  # auto: foreach off CUDA
+        (None, "cuda", "bf16-mixed", None, True),
+        (None, "cuda", "16-mixed", None, True),
+        (None, "cuda", "16-mixed", 1.0, False),  # clipping needs the gradients unscaled before the step
+        (None, "cuda", "bf16-mixed", 1.0, True),  # no GradScaler, nothing to unscale
+        (True, "cpu", "32-true", None, True),
+        (False, "cuda", "16-mixed", None, False),
+    ],
+)
+def test_fused_sgd_choice(
+    fused_sgd: bool | None, device: str, precision: str, clip: float | None, expected: bool
+) -> None:
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=32, fused_sgd=fused_sgd)
+    model._trainer = mocked_trainer(1, 1, precision=precision, gradient_clip_val=clip)
+    model._device = torch.device(device, 0) if device == "cuda" else torch.device(device)  # read only: no CUDA call
+    assert model._fused_sgd() is expected
+
+
+def test_fused_sgd_with_fp16_clipping_is_refused_before_training() -> None:
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=32, fused_sgd=True)
+    model._trainer = mocked_trainer(1, 1, precision="16-mixed", gradient_clip_val=0.5)
+    with pytest.raises(ValueError, match=r"model.fused_sgd: true .* trainer.gradient_clip_val 0.5 .* model.fused_sgd"):
+        model.configure_optimizers()
+
+
+def fit_fp16_with_overflows(fused_sgd: bool, steps: int = 10) -> tuple[ImageNetClassifier, pl.Trainer, float]:
+    """A linear classifier under fp16 autocast on the CPU with GradScaler starting at 2^20: the fp16 gradients of the
+    first steps overflow, as a real fp16 run's do at 65536, and GradScaler must skip those steps."""
+    from pytorch_lightning.plugins.precision import MixedPrecision
+
+    torch.manual_seed(0)
+    classes, batch = 10, 6
+    images, targets = torch.randn(steps * batch, 3, 2, 2), torch.randint(0, classes, (steps * batch,))
+    model = ImageNetClassifier(
+        arch="resnet18", num_classes=classes, batch_size=batch, warmup_epochs=0, fused_sgd=fused_sgd
+    )
+    model.model = RecordingLinear(3 * 2 * 2, classes)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, plugins=[MixedPrecision("16-mixed", "cpu", scaler)], **QUIET)
+    trainer.fit(model, DataLoader(TensorDataset(images, targets), batch_size=batch))
+    assert model.model.outputs[0].dtype == torch.float16  # the forward really ran in fp16
+    return model, trainer, scaler.get_scale()
+
+
+def test_fused_sgd_skips_overflow_steps_exactly_as_the_unfused_one() -> None:
+    """fp16's first steps overflow by design. The fused kernel skips them on the device (no host sync); from zeroed
+    momentum buffers the run is bit-identical to torch's foreach SGD, which GradScaler skips from the host. (torch's
+    own fused SGD leaves its first-step buffers uninitialized when that step is skipped: this test then fails.)"""
+    fused, fused_trainer, fused_scale = fit_fp16_with_overflows(True)
+    foreach, _, foreach_scale = fit_fp16_with_overflows(False)
+    optimizer = fused_trainer.optimizers[0]
+    assert optimizer.param_groups[0]["fused"] and optimizer._step_supports_amp_scaling
+    assert fused_scale == foreach_scale < 2.0**20  # overflow steps were skipped in both runs
+    untrained = RecordingLinear(3 * 2 * 2, 10)
+    for key, value in fused.state_dict().items():
+        assert torch.equal(value, foreach.state_dict()[key]), key
+    assert not torch.equal(fused.model.linear.weight, untrained.linear.weight)
+
+
+def test_a_checkpoint_does_not_switch_the_sgd_kernel(tmp_path: Path) -> None:
+    """torch's load_state_dict takes the saved param_groups' "fused" flag: a checkpoint of a fused run resumed with
+    the foreach kernel (or the reverse) must run the kernel this run chose, with the saved momentum."""
+    torch.manual_seed(0)
+    images, targets = torch.randn(24, 3, 2, 2), torch.randint(0, 10, (24,))
+
+    def fit(fused_sgd: bool, epochs: int, ckpt: Path | None) -> pl.Trainer:
+        model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=6, warmup_epochs=0, fused_sgd=fused_sgd)
+        model.model = RecordingLinear(12, 10)
+        trainer = pl.Trainer(accelerator="cpu", max_epochs=epochs, **QUIET)
+        trainer.fit(model, DataLoader(TensorDataset(images, targets), batch_size=6), ckpt_path=ckpt)
+        return trainer
+
+    first = fit(True, 1, None)
+    first.save_checkpoint(tmp_path / "fused.ckpt")
+    saved = torch.load(tmp_path / "fused.ckpt", weights_only=False)["optimizer_states"][0]
+    assert saved["param_groups"][0]["fused"] is True
+    assert all("momentum_buffer" in state for state in saved["state"].values())
+    resumed = fit(False, 2, tmp_path / "fused.ckpt")
+    assert resumed.global_step == 8
+    assert resumed.optimizers[0].param_groups[0]["fused"] is False
 
 
 # --- model building ----------------------------------------------------------------------------------------------
