@@ -55,6 +55,7 @@ import io
 import mmap
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -77,6 +78,12 @@ except ImportError:  # pragma: no cover
 #: EXIF tag of the orientation; anything but 1 needs a rotation nvJPEG does not apply.
 _ORIENTATION = 0x0112
 
+#: How ``data.nvjpeg`` may decode on CUDA: torchvision's binding, or :mod:`nvjpeg_batched` with buffers sized once.
+NVJPEG_BINDINGS = ("torchvision", "preallocated")
+
+#: Smallest side the preallocated decoder sizes its buffers for (most photo collections stay within it).
+PREALLOCATE_SIDE = 512
+
 #: Pixels (crops x padded height x padded width) of one group of the batched resize: 256 crops of 512 x 512, about
 #: 200 MB of uint8 plus 400 MB of fp16 on the GPU while a batch is resized. Larger batches go in several groups.
 MAX_PADDED_PIXELS = 256 * 512 * 512
@@ -96,6 +103,8 @@ class Encoded:
         flip: Mirror the crop horizontally.
         finished: ``data`` is the final crop, uint8 ``(3, size, size)``: PIL decoded, cropped, resized and flipped it
             in the worker (``data.cpu_decode_share``); ``box`` covers it whole and ``flip`` is False.
+        size: ``(height, width)`` of the decoded image, from the JPEG's header (``data.nvjpeg: preallocated`` decodes
+            into buffers of that size); ``(0, 0)`` where unknown.
     """
 
     data: torch.Tensor
@@ -103,6 +112,7 @@ class Encoded:
     box: tuple[int, int, int, int]
     flip: bool
     finished: bool = False
+    size: tuple[int, int] = (0, 0)
 
 
 class PackedBatch(NamedTuple):
@@ -119,7 +129,8 @@ class PackedBatch(NamedTuple):
         finished: How many finished crops (:attr:`Encoded.finished`) lead the buffer.
         size: Side of the finished crops.
         table: int64 ``(n - finished, 10)``, one row per other sample: offset and length in ``data``, encoded, height
-            and width of its pixels (0 for JPEG bytes), then the crop box (top, left, height, width) and the flip.
+            and width of its image (for JPEG bytes, from the header), then the crop box (top, left, height, width) and
+            the flip.
     """
 
     data: torch.Tensor
@@ -137,7 +148,7 @@ class PackedBatch(NamedTuple):
             data = self.data[offset : offset + length]
             if not encoded:
                 data = data.view(3, height, width)
-            samples.append(Encoded(data, bool(encoded), (top, left, box_h, box_w), bool(flip)))
+            samples.append(Encoded(data, bool(encoded), (top, left, box_h, box_w), bool(flip), size=(height, width)))
         return finished, samples
 
 
@@ -229,7 +240,7 @@ class EncodedSampleLoader:
             flip = bool(torch.rand(1) < 0.5)
         else:
             box, flip = center_box(height, width, self.resize_size, self.crop_size), False
-        return Encoded(data, encoded, tuple(int(v) for v in box), flip)
+        return Encoded(data, encoded, tuple(int(v) for v in box), flip, size=(height, width))
 
     def _finished(self, path: str) -> Encoded:
         """The sample as ``data.decode: cpu`` makes it: PIL decode, then this split's crop (and flip) transform."""
@@ -271,16 +282,18 @@ def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[PackedBatch, 
     offset = lead
     for row, ((sample, _), length) in enumerate(zip(rest, lengths, strict=True)):
         data[offset : offset + length] = sample.data.reshape(-1)
-        height, width = (0, 0) if sample.encoded else sample.data.shape[1:]
+        height, width = sample.size if sample.encoded else sample.data.shape[1:]
         table[row] = (offset, length, sample.encoded, height, width, *sample.box, sample.flip)
         offset += length
     targets = torch.tensor([target for _, target in finished + rest], dtype=torch.int64)
     return PackedBatch(data, len(finished), side, table), targets
 
 
-def decode_batch(images: PackedBatch, device: torch.device | str, size: int) -> torch.Tensor:
+def decode_batch(
+    images: PackedBatch, device: torch.device | str, size: int, nvjpeg: str = "torchvision"
+) -> torch.Tensor:
     """The prefetcher's decoder: the batch's finished crops copied, the other samples decoded and cropped
-    (:func:`decode_crop_resize`); float32 ``(N, 3, size, size)`` on 0..255, finished crops first.
+    (:func:`decode_crop_resize`, with ``nvjpeg``); float32 ``(N, 3, size, size)`` on 0..255, finished crops first.
 
     The host buffer of a :class:`PackedBatch` is handed to :func:`release_later` (``data`` is left empty once it is
     released).
@@ -294,7 +307,8 @@ def decode_batch(images: PackedBatch, device: torch.device | str, size: int) -> 
         # The cast in the copy into ``out``: no float32 temporary (a uint8 one on the device).
         out[: images.finished].copy_(_staged(finished, device).to(device, non_blocking=True))
     if samples:
-        out[images.finished :].copy_(decode_crop_resize(samples, device, size))
+        capacity = images.finished + len(images.table)  # the batch: the most JPEGs a later call may bring
+        out[images.finished :].copy_(decode_crop_resize(samples, device, size, nvjpeg=nvjpeg, capacity=capacity))
     del finished, samples  # views of the buffer: its release must drop the last reference
     release_later(images.data, device)
     return out
@@ -392,6 +406,8 @@ def decode_crop_resize(
     max_padded_pixels: int = MAX_PADDED_PIXELS,
     gather: str = "strided",
     dtype: torch.dtype | None = None,
+    nvjpeg: str = "torchvision",
+    capacity: int = 0,
 ) -> torch.Tensor:
     """Decodes, crops, resizes and flips a batch on ``device``; returns float32 ``(N, 3, size, size)`` on 0..255.
 
@@ -409,15 +425,21 @@ def decode_crop_resize(
             (one copy per crop; kept for the benchmark's comparison).
         dtype: Of the padded crops and the matmuls: default float16 on CUDA (exact for 0..255; weights to 11 bits),
             float32 elsewhere.
+        nvjpeg: Which binding of nvJPEG decodes on CUDA: ``torchvision`` (``decode_jpeg`` on the list) or
+            ``preallocated`` (:mod:`nvjpeg_batched`: buffers sized once, see ``data.nvjpeg``).
+        capacity: The most JPEGs a call of this run may bring (the batch size), for ``preallocated``; at least this
+            call's.
     """
     if gather not in ("strided", "copy"):
         raise ValueError(f"gather must be 'strided' or 'copy', got {gather!r}")
+    if nvjpeg not in NVJPEG_BINDINGS:
+        raise ValueError(f"nvjpeg must be one of {', '.join(NVJPEG_BINDINGS)}, got {nvjpeg!r}")
     device = torch.device(device)
     if dtype is None:
         dtype = torch.float16 if device.type == "cuda" else torch.float32
     if not samples:
         return torch.empty((0, 3, size, size), dtype=torch.float32, device=device)
-    images, release = _decode(samples, device)
+    images, release = _decode(samples, device, nvjpeg, capacity)
     try:
         return _crop_resize(samples, images, device, size, max_padded_pixels, gather, dtype)
     finally:
@@ -452,7 +474,9 @@ def _resize_one(image: torch.Tensor, box: tuple[int, int, int, int], flip: bool,
 
 
 # --- decoding --------------------------------------------------------------------------------------------------------
-def _decode(samples: list[Encoded], device: torch.device) -> tuple[list[torch.Tensor], Callable[[], None]]:
+def _decode(
+    samples: list[Encoded], device: torch.device, nvjpeg: str = "torchvision", capacity: int = 0
+) -> tuple[list[torch.Tensor], Callable[[], None]]:
     """The ``(3, H, W)`` uint8 pixels of every sample on ``device``, and what to call once their last read is queued."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -465,7 +489,8 @@ def _decode(samples: list[Encoded], device: torch.device) -> tuple[list[torch.Te
         data = [samples[i].data for i in jpeg_index]
         if device.type == "cuda":
             pool = _DecodeStream.of(device)
-            decoded = pool.decode(data, device)
+            sizes = [samples[i].size for i in jpeg_index]
+            decoded = pool.decode(data, device, sizes, nvjpeg, max(capacity, len(data)))
             release = lambda: pool.park(decoded)  # noqa: E731
         else:
             decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
@@ -499,6 +524,9 @@ class _DecodeStream:
         self.stream = torch.cuda.Stream(device=device, priority=-1)
         self.lock = threading.Lock()
         self.parked: list[tuple[torch.cuda.Event, list[torch.Tensor]]] = []
+        self.preallocated: Any = None  # nvjpeg_batched.BatchedDecoder, made at the first call that asks for it
+        self.preallocated_failed = False
+        self.warned: set[str] = set()
 
     @classmethod
     def of(cls, device: torch.device) -> _DecodeStream:
@@ -508,7 +536,14 @@ class _DecodeStream:
                 cls._pools[index] = cls(torch.device("cuda", index))
             return cls._pools[index]
 
-    def decode(self, data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    def decode(
+        self,
+        data: list[torch.Tensor],
+        device: torch.device,
+        sizes: list[tuple[int, int]] | None = None,
+        nvjpeg: str = "torchvision",
+        capacity: int = 0,
+    ) -> list[torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         with self.lock:
@@ -517,15 +552,62 @@ class _DecodeStream:
         parked.clear()  # their reads are done: the memory may be reused
         consumer = torch.cuda.current_stream(self.stream.device)
         with torch.cuda.stream(self.stream):
-            images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+            images = None
+            if nvjpeg == "preallocated" and sizes is not None:
+                images = self._decode_preallocated(data, sizes, capacity)
+            if images is None:
+                images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
         consumer.wait_stream(self.stream)
         return images
+
+    def _decode_preallocated(
+        self, data: list[torch.Tensor], sizes: list[tuple[int, int]], capacity: int
+    ) -> list[torch.Tensor] | None:
+        """The images by :class:`nvjpeg_batched.BatchedDecoder` on this stream, or None where it cannot decode them
+        (then torchvision does, with one warning per reason)."""
+        from nvjpeg_batched import BatchedDecoder, NvjpegError
+
+        if self.preallocated_failed or min(min(size) for size in sizes) < 1:
+            return None
+        height, width = max(h for h, _ in sizes), max(w for _, w in sizes)
+        decoder = self.preallocated
+        if decoder is None or len(data) > decoder.batch_size:
+            try:
+                # Sized for the whole batch and this batch's largest image (at least PREALLOCATE_SIDE): a larger
+                # image later makes nvJPEG grow its buffers once more.
+                decoder = BatchedDecoder(
+                    self.stream.device,
+                    max(capacity, len(data)),
+                    max(PREALLOCATE_SIDE, _round64(height)),
+                    max(PREALLOCATE_SIDE, _round64(width)),
+                )
+            except (NvjpegError, OSError) as error:
+                self.preallocated_failed = True
+                self._warn_once(f"data.nvjpeg: preallocated is not available here ({error}); decoding with torchvision")
+                return None
+            if self.preallocated is not None:
+                self.preallocated.close()
+            self.preallocated = decoder
+        try:
+            return decoder.decode(data, sizes)
+        except NvjpegError as error:  # e.g. a progressive JPEG: the hardware decoder takes baseline ones only
+            self._warn_once(f"nvJPEG's batched hardware decoder refused a batch ({error}); torchvision decodes it")
+            return None
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self.warned:
+            self.warned.add(message)
+            warnings.warn(message, stacklevel=3)
 
     def park(self, images: list[torch.Tensor]) -> None:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.stream.device))
         with self.lock:
             self.parked.append((event, images))
+
+
+def _round64(value: int) -> int:
+    return -(-value // 64) * 64
 
 
 # --- the batched crop, resize and flip -------------------------------------------------------------------------------
