@@ -103,8 +103,6 @@ class Encoded:
         flip: Mirror the crop horizontally.
         finished: ``data`` is the final crop, uint8 ``(3, size, size)``: PIL decoded, cropped, resized and flipped it
             in the worker (``data.cpu_decode_share``); ``box`` covers it whole and ``flip`` is False.
-        size: ``(height, width)`` of the decoded image, from the JPEG's header (``data.nvjpeg: preallocated`` decodes
-            into buffers of that size); ``(0, 0)`` where unknown.
     """
 
     data: torch.Tensor
@@ -112,7 +110,6 @@ class Encoded:
     box: tuple[int, int, int, int]
     flip: bool
     finished: bool = False
-    size: tuple[int, int] = (0, 0)
 
 
 class PackedBatch(NamedTuple):
@@ -129,8 +126,7 @@ class PackedBatch(NamedTuple):
         finished: How many finished crops (:attr:`Encoded.finished`) lead the buffer.
         size: Side of the finished crops.
         table: int64 ``(n - finished, 10)``, one row per other sample: offset and length in ``data``, encoded, height
-            and width of its image (for JPEG bytes, from the header), then the crop box (top, left, height, width) and
-            the flip.
+            and width of its pixels (0 for JPEG bytes), then the crop box (top, left, height, width) and the flip.
     """
 
     data: torch.Tensor
@@ -148,7 +144,7 @@ class PackedBatch(NamedTuple):
             data = self.data[offset : offset + length]
             if not encoded:
                 data = data.view(3, height, width)
-            samples.append(Encoded(data, bool(encoded), (top, left, box_h, box_w), bool(flip), size=(height, width)))
+            samples.append(Encoded(data, bool(encoded), (top, left, box_h, box_w), bool(flip)))
         return finished, samples
 
 
@@ -240,7 +236,7 @@ class EncodedSampleLoader:
             flip = bool(torch.rand(1) < 0.5)
         else:
             box, flip = center_box(height, width, self.resize_size, self.crop_size), False
-        return Encoded(data, encoded, tuple(int(v) for v in box), flip, size=(height, width))
+        return Encoded(data, encoded, tuple(int(v) for v in box), flip)
 
     def _finished(self, path: str) -> Encoded:
         """The sample as ``data.decode: cpu`` makes it: PIL decode, then this split's crop (and flip) transform."""
@@ -282,7 +278,7 @@ def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[PackedBatch, 
     offset = lead
     for row, ((sample, _), length) in enumerate(zip(rest, lengths, strict=True)):
         data[offset : offset + length] = sample.data.reshape(-1)
-        height, width = sample.size if sample.encoded else sample.data.shape[1:]
+        height, width = (0, 0) if sample.encoded else sample.data.shape[1:]
         table[row] = (offset, length, sample.encoded, height, width, *sample.box, sample.flip)
         offset += length
     targets = torch.tensor([target for _, target in finished + rest], dtype=torch.int64)
@@ -489,8 +485,7 @@ def _decode(
         data = [samples[i].data for i in jpeg_index]
         if device.type == "cuda":
             pool = _DecodeStream.of(device)
-            sizes = [samples[i].size for i in jpeg_index]
-            decoded = pool.decode(data, device, sizes, nvjpeg, max(capacity, len(data)))
+            decoded = pool.decode(data, device, nvjpeg, max(capacity, len(data)))
             release = lambda: pool.park(decoded)  # noqa: E731
         else:
             decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
@@ -526,6 +521,7 @@ class _DecodeStream:
         self.parked: list[tuple[torch.cuda.Event, list[torch.Tensor]]] = []
         self.preallocated: Any = None  # nvjpeg_batched.BatchedDecoder, made at the first call that asks for it
         self.preallocated_failed = False
+        self.preallocated_lock = threading.Lock()
         self.warned: set[str] = set()
 
     @classmethod
@@ -537,12 +533,7 @@ class _DecodeStream:
             return cls._pools[index]
 
     def decode(
-        self,
-        data: list[torch.Tensor],
-        device: torch.device,
-        sizes: list[tuple[int, int]] | None = None,
-        nvjpeg: str = "torchvision",
-        capacity: int = 0,
+        self, data: list[torch.Tensor], device: torch.device, nvjpeg: str = "torchvision", capacity: int = 0
     ) -> list[torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -552,47 +543,56 @@ class _DecodeStream:
         parked.clear()  # their reads are done: the memory may be reused
         consumer = torch.cuda.current_stream(self.stream.device)
         with torch.cuda.stream(self.stream):
-            images = None
-            if nvjpeg == "preallocated" and sizes is not None:
-                images = self._decode_preallocated(data, sizes, capacity)
+            images = self._decode_preallocated(data, capacity) if nvjpeg == "preallocated" else None
             if images is None:
                 images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+            elif any(image is None for image in images):
+                # JPEGs the hardware decoder does not take (progressive, unusual subsamplings): torchvision's nvJPEG.
+                rest = [k for k, image in enumerate(images) if image is None]
+                decoded = decode_jpeg([data[k] for k in rest], mode=ImageReadMode.RGB, device=device)
+                for k, image in zip(rest, decoded, strict=True):
+                    images[k] = image
+                self._warn_once(
+                    "data.nvjpeg: preallocated: some JPEGs are not for nvJPEG's hardware decoder (progressive JPEGs, "
+                    "unusual chroma subsamplings); torchvision decodes those"
+                )
         consumer.wait_stream(self.stream)
         return images
 
-    def _decode_preallocated(
-        self, data: list[torch.Tensor], sizes: list[tuple[int, int]], capacity: int
-    ) -> list[torch.Tensor] | None:
-        """The images by :class:`nvjpeg_batched.BatchedDecoder` on this stream, or None where it cannot decode them
-        (then torchvision does, with one warning per reason)."""
+    def _decode_preallocated(self, data: list[torch.Tensor], capacity: int) -> list[torch.Tensor | None] | None:
+        """The images by :class:`nvjpeg_batched.BatchedDecoder` on this stream (None for the JPEGs it does not take),
+        or None when it cannot decode the batch (then torchvision does, with one warning per reason). One decoder per
+        device, made at the first call and sized for ``capacity`` JPEGs of up to PREALLOCATE_SIDE x PREALLOCATE_SIDE
+        (a larger image makes nvJPEG grow its buffers once more); remade, as large, for a call with more JPEGs."""
         from nvjpeg_batched import BatchedDecoder, NvjpegError
 
-        if self.preallocated_failed or min(min(size) for size in sizes) < 1:
-            return None
-        height, width = max(h for h, _ in sizes), max(w for _, w in sizes)
-        decoder = self.preallocated
-        if decoder is None or len(data) > decoder.batch_size:
-            try:
-                # Sized for the whole batch and this batch's largest image (at least PREALLOCATE_SIDE): a larger
-                # image later makes nvJPEG grow its buffers once more.
-                decoder = BatchedDecoder(
-                    self.stream.device,
-                    max(capacity, len(data)),
-                    max(PREALLOCATE_SIDE, _round64(height)),
-                    max(PREALLOCATE_SIDE, _round64(width)),
-                )
-            except (NvjpegError, OSError) as error:
-                self.preallocated_failed = True
-                self._warn_once(f"data.nvjpeg: preallocated is not available here ({error}); decoding with torchvision")
+        with self.preallocated_lock:  # the train and val producers may both be here; a decoder closes only here
+            decoder = self.preallocated
+            if self.preallocated_failed:
                 return None
-            if self.preallocated is not None:
-                self.preallocated.close()
-            self.preallocated = decoder
-        try:
-            return decoder.decode(data, sizes)
-        except NvjpegError as error:  # e.g. a progressive JPEG: the hardware decoder takes baseline ones only
-            self._warn_once(f"nvJPEG's batched hardware decoder refused a batch ({error}); torchvision decodes it")
-            return None
+            if decoder is None or len(data) > decoder.batch_size:
+                old = decoder
+                try:
+                    decoder = BatchedDecoder(
+                        self.stream.device,
+                        max(capacity, len(data), old.batch_size if old else 0),
+                        max(PREALLOCATE_SIDE, old.max_height if old else 0),
+                        max(PREALLOCATE_SIDE, old.max_width if old else 0),
+                    )
+                except (NvjpegError, OSError, RuntimeError) as error:
+                    self.preallocated_failed = True
+                    self._warn_once(
+                        f"data.nvjpeg: preallocated is not available here ({error}); decoding with torchvision"
+                    )
+                    return None
+                if old is not None:
+                    old.close()
+                self.preallocated = decoder
+            try:
+                return decoder.decode(data)
+            except NvjpegError as error:
+                self._warn_once(f"nvJPEG's batched hardware decoder failed a batch ({error}); torchvision decodes it")
+                return None
 
     def _warn_once(self, message: str) -> None:
         if message not in self.warned:
@@ -604,10 +604,6 @@ class _DecodeStream:
         event.record(torch.cuda.current_stream(self.stream.device))
         with self.lock:
             self.parked.append((event, images))
-
-
-def _round64(value: int) -> int:
-    return -(-value // 64) * 64
 
 
 # --- the batched crop, resize and flip -------------------------------------------------------------------------------

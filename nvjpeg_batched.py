@@ -11,8 +11,8 @@ on nvJPEG's stream-ordered memory pools (``NVJPEG_FLAGS_ENABLE_MEMORY_POOLS``), 
 buffer from PyTorch's allocator: planar RGB, image after image, the layout the batched crop of gpu_decode.py reads.
 
 The library is the ``libnvjpeg`` torchvision ships (or the system's); calls go through ctypes, which releases the GIL
-for each. Only baseline JPEGs of the hardware's subsamplings decode here; a batch nvJPEG refuses raises
-:class:`NvjpegError` with the status, and gpu_decode.py then decodes that batch with torchvision.
+for each. Only the JPEGs the hardware decoder takes (``nvjpegDecodeBatchedSupported``: baseline, its subsamplings)
+decode here; gpu_decode.py decodes the others, and a batch nvJPEG fails, with torchvision.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ NVJPEG_MAX_COMPONENT = 4
 BACKEND_HARDWARE = 3
 OUTPUT_RGB = 3  # planar R, G, B
 CSS_444 = 0  # the largest chroma planes: preallocating for it covers the others
+CSS_UNKNOWN = -1
 FLAG_ENABLE_MEMORY_POOLS = 1 << 1
 STATUS = {
     0: "SUCCESS",
@@ -86,7 +87,7 @@ def library() -> ctypes.CDLL:
                 lib = ctypes.CDLL(path)
             except OSError as error:
                 raise NvjpegError(f"loading {path} ({error}); set NVJPEG_LIBRARY to a libnvjpeg.so", 8) from None
-            p, i = ctypes.c_void_p, ctypes.c_int
+            p, i, size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
             signatures = {
                 "nvjpegGetProperty": [i, ctypes.POINTER(i)],
                 "nvjpegCreateEx": [i, p, p, ctypes.c_uint, ctypes.POINTER(p)],
@@ -96,9 +97,16 @@ def library() -> ctypes.CDLL:
                 "nvjpegDecodeBatchedPreAllocate": [p, p, i, i, i, i, i],
                 "nvjpegDecodeBatchedInitialize": [p, p, i, i, i],
                 "nvjpegDecodeBatched": [p, p, p, p, ctypes.POINTER(NvjpegImage), p],
+                "nvjpegGetImageInfo": [p, p, size, *[ctypes.POINTER(i)] * 4],
+                "nvjpegJpegStreamCreate": [p, ctypes.POINTER(p)],
+                "nvjpegJpegStreamDestroy": [p],
+                "nvjpegJpegStreamParseHeader": [p, p, size, p],
+                "nvjpegDecodeBatchedSupported": [p, p, ctypes.POINTER(i)],
             }
             for name, argtypes in signatures.items():
-                function = getattr(lib, name)
+                function = getattr(lib, name, None)
+                if function is None:
+                    raise NvjpegError(f"{path} has no {name} (an nvJPEG older than CUDA 11?); set NVJPEG_LIBRARY", 9)
                 function.argtypes, function.restype = argtypes, i
             _library = lib
         return _library
@@ -149,73 +157,110 @@ class BatchedDecoder:
             )
         self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
         self.batch_size, self.max_height, self.max_width = batch_size, max_height, max_width
-        self.lock = threading.Lock()  # one state: the train and val producers may decode at once
+        # One state: calls are serialized, and each waits for the previous batch's decode (``done``) before it touches
+        # the state's staging buffers, as torchvision (a stream sync) and nvImageCodec (an event) do.
+        self.lock = threading.Lock()
         self.lib = library()
-        self.handle, self.state = ctypes.c_void_p(), ctypes.c_void_p()
+        self.handle, self.state, self.parser = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
         flags = FLAG_ENABLE_MEMORY_POOLS if memory_pools else 0
-        with torch.cuda.device(self.device):
-            _check(
-                "nvjpegCreateEx",
-                self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, flags, ctypes.byref(self.handle)),
-            )
-            _check("nvjpegJpegStateCreate", self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)))
-            if preallocate:
-                status = self.lib.nvjpegDecodeBatchedPreAllocate(
-                    self.handle, self.state, batch_size, max_width, max_height, CSS_444, OUTPUT_RGB
+        try:
+            with torch.cuda.device(self.device):
+                self.done = torch.cuda.Event()
+                handle = ctypes.byref(self.handle)
+                _check("nvjpegCreateEx", self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, flags, handle))
+                _check("nvjpegJpegStateCreate", self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)))
+                _check(
+                    "nvjpegJpegStreamCreate", self.lib.nvjpegJpegStreamCreate(self.handle, ctypes.byref(self.parser))
                 )
-                _check("nvjpegDecodeBatchedPreAllocate", status)
+                if preallocate:
+                    status = self.lib.nvjpegDecodeBatchedPreAllocate(
+                        self.handle, self.state, batch_size, max_width, max_height, CSS_444, OUTPUT_RGB
+                    )
+                    _check("nvjpegDecodeBatchedPreAllocate", status)
+        except BaseException:
+            self.close()
+            raise
 
-    def decode(self, jpegs: Sequence[torch.Tensor], sizes: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
-        """Decodes ``jpegs`` (uint8 1-D CPU tensors, the files' bytes) of ``sizes`` ((height, width) from their
-        headers) on the current stream; returns uint8 ``(3, H, W)`` views of one buffer, image after image.
+    def decode(self, jpegs: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+        """Decodes, on the current stream, the JPEGs (uint8 1-D CPU tensors: the files' bytes) that the hardware
+        decoder takes; returns uint8 ``(3, H, W)`` views of one buffer for those and None for the others (progressive
+        JPEGs, unusual subsamplings), which the caller decodes some other way.
 
-        The buffer comes from PyTorch's allocator on the current stream; the JPEG bytes must stay unchanged until the
-        work queued here has run.
+        Each image's size comes from its own header (``nvjpegGetImageInfo``), so the buffer is what nvJPEG writes. The
+        buffer comes from PyTorch's allocator on the current stream; the JPEG bytes must stay unchanged until the
+        work queued here has run. Raises :class:`NvjpegError` when nvJPEG fails (a broken file, an error of the call).
         """
-        if len(jpegs) != len(sizes):
-            raise ValueError(f"{len(jpegs)} JPEGs but {len(sizes)} sizes")
-        count = len(jpegs)
-        if not count:
-            return []
-        if count > self.batch_size:
-            raise ValueError(f"{count} JPEGs in one call; this decoder holds at most batch_size={self.batch_size}")
-        planes = [height * width for height, width in sizes]
-        out = torch.empty(3 * sum(planes), dtype=torch.uint8, device=self.device)
-        base = out.data_ptr()
-        images = (NvjpegImage * count)()
-        data = (ctypes.c_void_p * count)()
-        lengths = (ctypes.c_size_t * count)()
-        views, offset = [], 0
-        for k, (jpeg, (height, width), plane) in enumerate(zip(jpegs, sizes, planes, strict=True)):
-            if jpeg.dtype != torch.uint8 or jpeg.dim() != 1 or jpeg.device.type != "cpu" or not jpeg.is_contiguous():
-                raise ValueError(
-                    f"JPEG {k}: expected contiguous uint8 1-D bytes on the CPU, got {jpeg.dtype} {jpeg.shape}"
-                )
-            data[k], lengths[k] = jpeg.data_ptr(), jpeg.numel()
-            for c in range(3):
-                images[k].channel[c] = base + offset + c * plane
-                images[k].pitch[c] = width
-            views.append(out[offset : offset + 3 * plane].view(3, height, width))
-            offset += 3 * plane
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        with self.lock:
+        with torch.cuda.device(self.device), self.lock:
+            self.done.synchronize()
+            sizes = [self._inspect(k, jpeg) for k, jpeg in enumerate(jpegs)]
+            chosen = [k for k, size in enumerate(sizes) if size is not None]
+            if len(chosen) > self.batch_size:
+                raise ValueError(f"{len(chosen)} JPEGs in one call; this decoder takes batch_size={self.batch_size}")
+            results: list[torch.Tensor | None] = [None] * len(jpegs)
+            if not chosen:
+                return results
+            planes = [sizes[k][0] * sizes[k][1] for k in chosen]  # type: ignore[index]
+            out = torch.empty(3 * sum(planes), dtype=torch.uint8, device=self.device)
+            base, offset = out.data_ptr(), 0
+            images = (NvjpegImage * len(chosen))()
+            data = (ctypes.c_void_p * len(chosen))()
+            lengths = (ctypes.c_size_t * len(chosen))()
+            for row, (k, plane) in enumerate(zip(chosen, planes, strict=True)):
+                height, width = sizes[k]  # type: ignore[misc]
+                data[row], lengths[row] = jpegs[k].data_ptr(), jpegs[k].numel()
+                for c in range(3):
+                    images[row].channel[c] = base + offset + c * plane
+                    images[row].pitch[c] = width
+                results[k] = out[offset : offset + 3 * plane].view(3, height, width)
+                offset += 3 * plane
+            stream = torch.cuda.current_stream(self.device)
             _check(
                 "nvjpegDecodeBatchedInitialize",
-                self.lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, count, 1, OUTPUT_RGB),
+                self.lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, len(chosen), 1, OUTPUT_RGB),
             )
             status = self.lib.nvjpegDecodeBatched(
                 self.handle, self.state, ctypes.cast(data, ctypes.c_void_p), ctypes.cast(lengths, ctypes.c_void_p),
-                images, ctypes.c_void_p(stream),
+                images, ctypes.c_void_p(stream.cuda_stream),
             )  # fmt: skip
-        _check("nvjpegDecodeBatched", status)
-        return views
+            self.done.record(stream)
+            if status != 0:
+                # Whatever nvJPEG queued may still write into ``out``: it must not go back to the allocator before.
+                stream.synchronize()
+                raise NvjpegError("nvjpegDecodeBatched", status)
+            return results
+
+    def _inspect(self, k: int, jpeg: torch.Tensor) -> tuple[int, int] | None:
+        """(height, width) from the header when the hardware decoder takes the JPEG, else None."""
+        if jpeg.dtype != torch.uint8 or jpeg.dim() != 1 or jpeg.device.type != "cpu" or not jpeg.is_contiguous():
+            raise ValueError(f"JPEG {k}: expected contiguous uint8 1-D bytes on the CPU, got {jpeg.dtype} {jpeg.shape}")
+        components, subsampling = ctypes.c_int(), ctypes.c_int()
+        widths, heights = (ctypes.c_int * NVJPEG_MAX_COMPONENT)(), (ctypes.c_int * NVJPEG_MAX_COMPONENT)()
+        pointer, length = ctypes.c_void_p(jpeg.data_ptr()), jpeg.numel()
+        status = self.lib.nvjpegGetImageInfo(
+            self.handle, pointer, length, ctypes.byref(components), ctypes.byref(subsampling), widths, heights
+        )
+        _check(f"nvjpegGetImageInfo (JPEG {k})", status)
+        if subsampling.value == CSS_UNKNOWN or min(widths[0], heights[0]) < 1:
+            return None
+        _check(f"nvjpegJpegStreamParseHeader (JPEG {k})", self.lib.nvjpegJpegStreamParseHeader(
+            self.handle, pointer, length, self.parser
+        ))  # fmt: skip
+        supported = ctypes.c_int(-1)
+        _check("nvjpegDecodeBatchedSupported", self.lib.nvjpegDecodeBatchedSupported(
+            self.handle, self.parser, ctypes.byref(supported)
+        ))  # fmt: skip
+        return (heights[0], widths[0]) if supported.value == 0 else None  # 0: the hardware takes it
 
     def close(self) -> None:
-        """Frees the state and the handle (waits for the device: call it outside the hot loop)."""
-        if self.state:
-            torch.cuda.synchronize(self.device)
-            self.lib.nvjpegJpegStateDestroy(self.state)
-            self.state = ctypes.c_void_p()
-        if self.handle:
-            self.lib.nvjpegDestroy(self.handle)
-            self.handle = ctypes.c_void_p()
+        """Frees the parser, the state and the handle (waits for the device: call it outside the hot loop)."""
+        with self.lock:
+            if self.state or self.parser:
+                torch.cuda.synchronize(self.device)
+            for attribute, destroy in (
+                ("parser", self.lib.nvjpegJpegStreamDestroy),
+                ("state", self.lib.nvjpegJpegStateDestroy),
+                ("handle", self.lib.nvjpegDestroy),
+            ):
+                if getattr(self, attribute):
+                    destroy(getattr(self, attribute))
+                    setattr(self, attribute, ctypes.c_void_p())

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         def call() -> object:
             batch = next(batches)
             with torch.cuda.stream(producer):
-                return decoder.decode([s.data for s in batch], [s.size for s in batch])
+                return decoder.decode([s.data for s in batch])
 
         return call
 

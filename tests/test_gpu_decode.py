@@ -430,22 +430,6 @@ def test_host_pixels_are_staged_in_page_locked_memory_for_the_gpu():
     assert _staged(staged, torch.device("cuda")) is staged  # already page-locked: used as it is
 
 
-def test_jpegs_carry_their_header_size_through_the_packed_batch(files):
-    # data.nvjpeg: preallocated decodes into buffers of the header's size: the workers send it with the bytes.
-    loader = EncodedSampleLoader(True, 64, 0.08, 73, load_rgb)
-    paths = list(files.values())
-    samples = [(loader(str(path)), k) for k, path in enumerate(paths)]
-    images, _ = encoded_collate(samples)
-    _, unpacked = images.unpack()
-    assert sum(sample.encoded for sample, _ in samples) == 2  # the RGB and the gray JPEG
-    for (sample, _), path, again in zip(samples, paths, unpacked, strict=True):
-        if sample.encoded:
-            width, height = Image.open(path).size
-        else:  # decoded by PIL (EXIF rotation applied): the pixels' own size
-            height, width = sample.data.shape[1:]
-        assert sample.size == (height, width) and again.size == (height, width)
-
-
 def test_decode_crop_resize_refuses_an_unknown_nvjpeg_binding(mixed_batch):
     with pytest.raises(ValueError, match="nvjpeg must be one of torchvision, preallocated, got 'nvimgcodec'"):
         decode_crop_resize(mixed_batch, "cpu", SIZE, nvjpeg="nvimgcodec")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import threading
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,15 +18,6 @@ from PIL import Image
 import gpu_decode
 import nvjpeg_batched
 from nvjpeg_batched import BatchedDecoder, NvjpegError, NvjpegImage
-
-
-def jpeg_bytes(width: int, height: int, seed: int, progressive: bool = False) -> torch.Tensor:
-    rng = np.random.default_rng(seed)
-    coarse = rng.integers(0, 256, size=(5, 5, 3), dtype=np.uint8)
-    image = Image.fromarray(coarse, "RGB").resize((width, height), Image.BICUBIC)
-    buffer = io.BytesIO()
-    image.save(buffer, "JPEG", quality=90, progressive=progressive)
-    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
 
 
 def test_the_output_struct_is_laid_out_as_nvjpeg_h_declares_it():
@@ -71,10 +63,11 @@ class FakeDecoder:
         self.batch_size, self.max_height, self.max_width, self.closed = batch_size, max_height, max_width, False
         FakeDecoder.made.append(self)
 
-    def decode(self, data, sizes):  # noqa: ANN001, ANN201
+    def decode(self, data):  # noqa: ANN001, ANN201
         if FakeDecoder.refuse_at == "decode":
-            raise NvjpegError("nvjpegDecodeBatched", 4)
-        return [torch.zeros(3, h, w, dtype=torch.uint8) for h, w in sizes]
+            raise NvjpegError("nvjpegDecodeBatched", 6)
+        assert not self.closed, "decoded with a closed decoder"
+        return [torch.zeros(3, 4, 4, dtype=torch.uint8) for _ in data]
 
     def close(self) -> None:
         self.closed = True
@@ -87,72 +80,121 @@ def stream_of_fakes(monkeypatch):
     pool = object.__new__(gpu_decode._DecodeStream)  # no CUDA stream here: only what _decode_preallocated reads
     pool.stream = SimpleNamespace(device=torch.device("cuda", 0))
     pool.preallocated, pool.preallocated_failed, pool.warned = None, False, set()
+    pool.preallocated_lock = threading.Lock()
     return pool
 
 
 def test_the_preallocated_decoder_is_sized_for_the_batch_and_remade_for_a_larger_one(stream_of_fakes):
     pool = stream_of_fakes
     data = [torch.zeros(10, dtype=torch.uint8)] * 3
-    images = pool._decode_preallocated(data, [(375, 500), (333, 500), (600, 700)], capacity=256)
-    assert [tuple(image.shape) for image in images] == [(3, 375, 500), (3, 333, 500), (3, 600, 700)]
+    assert len(pool._decode_preallocated(data, capacity=256)) == 3
     (first,) = FakeDecoder.made
-    assert (first.batch_size, first.max_height, first.max_width) == (256, 640, 704)  # this batch's largest, by 64
-    pool._decode_preallocated(data, [(100, 100)] * 3, capacity=256)
+    side = gpu_decode.PREALLOCATE_SIDE
+    assert (first.batch_size, first.max_height, first.max_width) == (256, side, side)
+    pool._decode_preallocated(data, capacity=256)
     assert len(FakeDecoder.made) == 1  # reused: no new handle, no new buffers
-    pool._decode_preallocated(data * 100, [(100, 100)] * 300, capacity=300)
-    assert len(FakeDecoder.made) == 2 and first.closed and FakeDecoder.made[1].batch_size == 300
-    assert FakeDecoder.made[1].max_height == gpu_decode.PREALLOCATE_SIDE  # at least this side
-    assert pool._decode_preallocated(data, [(0, 0)] * 3, capacity=256) is None  # no header size: torchvision
+    first.max_height = 2 * side  # as if made larger: a remade decoder keeps what the old one held
+    pool._decode_preallocated(data * 100, capacity=100)
+    assert len(FakeDecoder.made) == 2 and first.closed
+    assert (FakeDecoder.made[1].batch_size, FakeDecoder.made[1].max_height) == (300, 2 * side)
+
+
+def test_two_producer_threads_never_decode_with_a_decoder_the_other_closed(stream_of_fakes):
+    pool, errors = stream_of_fakes, []
+
+    def produce(count: int) -> None:
+        try:
+            for _ in range(200):
+                pool._decode_preallocated([torch.zeros(1, dtype=torch.uint8)] * count, capacity=count)
+        except AssertionError as error:  # FakeDecoder.decode on a closed decoder
+            errors.append(error)
+
+    threads = [threading.Thread(target=produce, args=(count,)) for count in (8, 16, 8, 32)]
+    [thread.start() for thread in threads]
+    [thread.join() for thread in threads]
+    assert not errors
+    assert all(decoder.closed for decoder in FakeDecoder.made[:-1]) and not FakeDecoder.made[-1].closed
 
 
 @pytest.mark.parametrize("refuse_at", ["create", "decode"])
 def test_what_the_hardware_decoder_refuses_goes_to_torchvision_with_one_warning(stream_of_fakes, refuse_at):
     pool = stream_of_fakes
     FakeDecoder.refuse_at = refuse_at
-    data, sizes = [torch.zeros(10, dtype=torch.uint8)], [(100, 100)]
-    with pytest.warns(UserWarning, match="ARCH_MISMATCH" if refuse_at == "create" else "JPEG_NOT_SUPPORTED"):
-        assert pool._decode_preallocated(data, sizes, capacity=8) is None
+    data = [torch.zeros(10, dtype=torch.uint8)]
+    with pytest.warns(UserWarning, match="ARCH_MISMATCH" if refuse_at == "create" else "EXECUTION_FAILED"):
+        assert pool._decode_preallocated(data, capacity=8) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the same reason warns once
-        assert pool._decode_preallocated(data, sizes, capacity=8) is None
+        assert pool._decode_preallocated(data, capacity=8) is None
     assert len(FakeDecoder.made) == (0 if refuse_at == "create" else 1)
+
+
+def jpeg_of(width: int, height: int, seed: int, **save: object) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, size=(5, 5, 3), dtype=np.uint8)
+    image = Image.fromarray(coarse, "RGB").resize((width, height), Image.BICUBIC)
+    if save.pop("gray", False):
+        image = image.convert("L")
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90, **save)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+@pytest.mark.gpu
+def test_the_shipped_library_has_every_call_on_the_gpu_machine():
+    path = nvjpeg_batched.library_path()
+    assert Path(path).is_file(), f"no libnvjpeg beside torchvision ({path}): data.nvjpeg preallocated falls back"
+    assert nvjpeg_batched.version()[0] >= 11
 
 
 @pytest.mark.gpu
 def test_the_preallocated_decoder_gives_torchvisions_pixels():
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    sizes = [(375, 500), (500, 375), (333, 500), (64, 80), (480, 640)]
-    jpegs = [jpeg_bytes(w, h, seed) for seed, (h, w) in enumerate(sizes)]
+    jpegs = [
+        jpeg_of(500, 375, 0),
+        jpeg_of(375, 500, 1, subsampling=0),  # 4:4:4
+        jpeg_of(500, 333, 2, subsampling=1),  # 4:2:2
+        jpeg_of(80, 64, 3, gray=True),
+        jpeg_of(640, 480, 4),  # larger than preallocated
+        jpeg_of(300, 200, 5, progressive=True),  # not for the hardware decoder: None
+    ]
     decoder = BatchedDecoder("cuda", batch_size=8, max_height=512, max_width=512)
     try:
-        ours = decoder.decode(jpegs, sizes)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):  # decoded on a side stream, read on the default one after a wait
+            ours = decoder.decode(jpegs)
+        torch.cuda.current_stream().wait_stream(side)
         theirs = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device="cuda")
-        torch.cuda.synchronize()
-        for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert ours[-1] is None
+        for k, (a, b) in enumerate(zip(ours[:-1], theirs[:-1], strict=True)):
             assert a.shape == b.shape and torch.equal(a, b), k
-        # New sizes, a larger image than preallocated: still right.
-        more = [(300, 301), (700, 900)]
-        again = decoder.decode([jpeg_bytes(w, h, 10 + k) for k, (h, w) in enumerate(more)], more)
-        assert [tuple(image.shape) for image in again] == [(3, 300, 301), (3, 700, 900)]
+        more = [jpeg_of(301, 300, 10), jpeg_of(900, 700, 11)]  # new sizes, back to back on the same state
+        for a, b in zip(decoder.decode(more), decode_jpeg(more, mode=ImageReadMode.RGB, device="cuda"), strict=True):
+            assert a is not None and torch.equal(a, b)
     finally:
         decoder.close()
 
 
 @pytest.mark.gpu
-def test_decode_batch_with_either_binding_gives_the_same_crops_and_progressive_jpegs_fall_back():
+def test_decode_batch_with_the_preallocated_decoder_gives_torchvisions_crops():
     from gpu_decode import Encoded, decode_batch, encoded_collate
+
+    pool = gpu_decode._DecodeStream.of(torch.device("cuda", torch.cuda.current_device()))
+    pool.preallocated_failed, pool.warned = False, set()
 
     def batch(progressive: bool) -> gpu_decode.PackedBatch:
         samples = []
         for seed, (h, w) in enumerate([(375, 500), (400, 300), (333, 500)]):
-            data = jpeg_bytes(w, h, seed, progressive=progressive and seed == 1)
-            samples.append((Encoded(data, True, (10, 20, h // 2, w // 2), seed % 2 == 0, size=(h, w)), seed))
+            data = jpeg_of(w, h, seed, progressive=progressive and seed == 1)
+            samples.append((Encoded(data, True, (10, 20, h // 2, w // 2), seed % 2 == 0), seed))
         return encoded_collate(samples)[0]
 
-    for progressive in (False, True):
-        with warnings.catch_warnings(record=True):
-            ours = decode_batch(batch(progressive), "cuda", 64, nvjpeg="preallocated")
-        theirs = decode_batch(batch(progressive), "cuda", 64)
-        torch.cuda.synchronize()
-        assert torch.equal(ours, theirs), progressive
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = decode_batch(batch(False), "cuda", 64, nvjpeg="preallocated")
+    assert pool.preallocated is not None and not caught  # the own decoder ran, nothing fell back
+    assert torch.equal(ours, decode_batch(batch(False), "cuda", 64))
+    with pytest.warns(UserWarning, match="not for nvJPEG's hardware decoder"):
+        ours = decode_batch(batch(True), "cuda", 64, nvjpeg="preallocated")
+    assert torch.equal(ours, decode_batch(batch(True), "cuda", 64))  # the progressive one by torchvision
