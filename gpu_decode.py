@@ -580,6 +580,11 @@ class _DecodeStream:
                         max(PREALLOCATE_SIDE, old.max_width if old else 0),
                     )
                 except (NvjpegError, OSError, RuntimeError) as error:
+                    if old is not None:  # e.g. out of memory for the larger one: keep the old decoder for later calls
+                        self._warn_once(
+                            f"nvJPEG's batched decoder could not grow ({error}); torchvision decodes larger calls"
+                        )
+                        return None
                     self.preallocated_failed = True
                     self._warn_once(
                         f"data.nvjpeg: preallocated is not available here ({error}); decoding with torchvision"

@@ -6,9 +6,9 @@ size its buffers as batches come. On an H200 nvJPEG then freed device memory whe
 about 6 ``cuMemFree`` per call on a folder of many sizes, each waiting for the whole device and holding up every other
 thread's launches (``bench/nvjpeg_calls.py``, bench/RESULTS.md). This module creates its own handle on the hardware
 backend, sizes the hardware decoder's buffers once for the batch size and the largest image
-(``nvjpegDecodeBatchedPreAllocate``, what DALI's ``preallocate_width_hint``/``preallocate_height_hint`` do), can turn
-on nvJPEG's stream-ordered memory pools (``NVJPEG_FLAGS_ENABLE_MEMORY_POOLS``), and decodes a batch into one
-buffer from PyTorch's allocator: planar RGB, image after image, the layout the batched crop of gpu_decode.py reads.
+(``nvjpegDecodeBatchedPreAllocate``, what DALI's ``preallocate_width_hint``/``preallocate_height_hint`` do), and
+decodes a batch into one buffer from PyTorch's allocator: planar RGB, image after image, the layout the batched crop of
+gpu_decode.py reads.
 
 The library is the ``libnvjpeg`` torchvision ships (or the system's); calls go through ctypes, which releases the GIL
 for each. Only the JPEGs the hardware decoder takes (``nvjpegDecodeBatchedSupported``: baseline, its subsamplings)
@@ -30,7 +30,6 @@ BACKEND_HARDWARE = 3
 OUTPUT_RGB = 3  # planar R, G, B
 CSS_444 = 0  # the largest chroma planes: preallocating for it covers the others
 CSS_UNKNOWN = -1
-FLAG_ENABLE_MEMORY_POOLS = 1 << 1
 STATUS = {
     0: "SUCCESS",
     1: "NOT_INITIALIZED",
@@ -75,16 +74,30 @@ def library_path() -> str:
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
+_header_library: ctypes.PyDLL | None = None
+
+#: Calls that only read a JPEG's header on the host (microseconds): made through ``PyDLL``, which keeps the GIL, so a
+#: batch does not release and take back the GIL three times per image against the training thread.
+_HEADER_CALLS = ("nvjpegGetImageInfo", "nvjpegJpegStreamParseHeader", "nvjpegDecodeBatchedSupported")
 
 
 def library() -> ctypes.CDLL:
-    """The loaded library with the argument types of the calls used here (loaded once)."""
-    global _library
+    """The loaded library (calls release the GIL), with the argument types of the calls used here (loaded once)."""
+    return _load()[0]
+
+
+def header_library() -> ctypes.PyDLL:
+    """The same library for the header calls (:data:`_HEADER_CALLS`), which keep the GIL."""
+    return _load()[1]
+
+
+def _load() -> tuple[ctypes.CDLL, ctypes.PyDLL]:
+    global _library, _header_library
     with _lock:
-        if _library is None:
+        if _library is None or _header_library is None:
             path = library_path()
             try:
-                lib = ctypes.CDLL(path)
+                lib, header_lib = ctypes.CDLL(path), ctypes.PyDLL(path)
             except OSError as error:
                 raise NvjpegError(f"loading {path} ({error}); set NVJPEG_LIBRARY to a libnvjpeg.so", 8) from None
             p, i, size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
@@ -104,12 +117,15 @@ def library() -> ctypes.CDLL:
                 "nvjpegDecodeBatchedSupported": [p, p, ctypes.POINTER(i)],
             }
             for name, argtypes in signatures.items():
-                function = getattr(lib, name, None)
-                if function is None:
-                    raise NvjpegError(f"{path} has no {name} (an nvJPEG older than CUDA 11?); set NVJPEG_LIBRARY", 9)
-                function.argtypes, function.restype = argtypes, i
-            _library = lib
-        return _library
+                for target in (lib, header_lib) if name in _HEADER_CALLS else (lib,):
+                    function = getattr(target, name, None)
+                    if function is None:
+                        raise NvjpegError(
+                            f"{path} has no {name} (an nvJPEG older than CUDA 11?); set NVJPEG_LIBRARY", 9
+                        )
+                    function.argtypes, function.restype = argtypes, i
+            _library, _header_library = lib, header_lib
+        return _library, _header_library
 
 
 def version() -> tuple[int, int, int]:
@@ -135,7 +151,6 @@ class BatchedDecoder:
         batch_size: Most JPEGs one call decodes.
         max_height: Largest image height to preallocate for (larger images still decode; nvJPEG grows its buffers).
         max_width: Largest image width to preallocate for.
-        memory_pools: Create the handle with nvJPEG's stream-ordered memory pools.
         preallocate: Size the hardware decoder's buffers at once (``nvjpegDecodeBatchedPreAllocate``).
     """
 
@@ -145,7 +160,6 @@ class BatchedDecoder:
         batch_size: int,
         max_height: int,
         max_width: int,
-        memory_pools: bool = False,
         preallocate: bool = True,
     ) -> None:
         device = torch.device(device)
@@ -160,14 +174,13 @@ class BatchedDecoder:
         # One state: calls are serialized, and each waits for the previous batch's decode (``done``) before it touches
         # the state's staging buffers, as torchvision (a stream sync) and nvImageCodec (an event) do.
         self.lock = threading.Lock()
-        self.lib = library()
+        self.lib, self.header_lib = library(), header_library()
         self.handle, self.state, self.parser = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-        flags = FLAG_ENABLE_MEMORY_POOLS if memory_pools else 0
         try:
             with torch.cuda.device(self.device):
                 self.done = torch.cuda.Event()
                 handle = ctypes.byref(self.handle)
-                _check("nvjpegCreateEx", self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, flags, handle))
+                _check("nvjpegCreateEx", self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, handle))
                 _check("nvjpegJpegStateCreate", self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)))
                 _check(
                     "nvjpegJpegStreamCreate", self.lib.nvjpegJpegStreamCreate(self.handle, ctypes.byref(self.parser))
@@ -191,6 +204,8 @@ class BatchedDecoder:
         work queued here has run. Raises :class:`NvjpegError` when nvJPEG fails (a broken file, an error of the call).
         """
         with torch.cuda.device(self.device), self.lock:
+            if not self.handle:
+                raise NvjpegError("decode after close", 1)
             self.done.synchronize()
             sizes = [self._inspect(k, jpeg) for k, jpeg in enumerate(jpegs)]
             chosen = [k for k, size in enumerate(sizes) if size is not None]
@@ -236,17 +251,17 @@ class BatchedDecoder:
         components, subsampling = ctypes.c_int(), ctypes.c_int()
         widths, heights = (ctypes.c_int * NVJPEG_MAX_COMPONENT)(), (ctypes.c_int * NVJPEG_MAX_COMPONENT)()
         pointer, length = ctypes.c_void_p(jpeg.data_ptr()), jpeg.numel()
-        status = self.lib.nvjpegGetImageInfo(
+        status = self.header_lib.nvjpegGetImageInfo(
             self.handle, pointer, length, ctypes.byref(components), ctypes.byref(subsampling), widths, heights
         )
         _check(f"nvjpegGetImageInfo (JPEG {k})", status)
         if subsampling.value == CSS_UNKNOWN or min(widths[0], heights[0]) < 1:
             return None
-        _check(f"nvjpegJpegStreamParseHeader (JPEG {k})", self.lib.nvjpegJpegStreamParseHeader(
+        _check(f"nvjpegJpegStreamParseHeader (JPEG {k})", self.header_lib.nvjpegJpegStreamParseHeader(
             self.handle, pointer, length, self.parser
         ))  # fmt: skip
         supported = ctypes.c_int(-1)
-        _check("nvjpegDecodeBatchedSupported", self.lib.nvjpegDecodeBatchedSupported(
+        _check("nvjpegDecodeBatchedSupported", self.header_lib.nvjpegDecodeBatchedSupported(
             self.handle, self.parser, ctypes.byref(supported)
         ))  # fmt: skip
         return (heights[0], widths[0]) if supported.value == 0 else None  # 0: the hardware takes it

@@ -20,7 +20,7 @@ Rows, in this order in one process:
     decode_batch, pageable  the app's producer work on packed batches (share --share), crops copied from pageable memory
     decode_batch            the same as the app does it: crops staged in page-locked memory
     nvjpeg_batched (...)    the next files by nvjpeg_batched.py's own handle: buffers preallocated for the batch at
-                            512 x 512 (``data.nvjpeg: preallocated``), or nvJPEG's stream-ordered memory pools instead
+                            512 x 512 (``data.nvjpeg: preallocated``), and the same handle without preallocation
     decode_batch, data.nvjpeg preallocated   the app's producer work with that decoder
 
 Run it under ``nsys profile -t cuda,nvtx`` and count ``cuMemFree`` per row with ``bench/nsys_api_by_range.py``
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         gpu_decode._staged = staged
     print(row(f"decode_batch, share {a.share}", packed_calls(), a, device, cycles), flush=True)
-    for label, options in [("preallocated", {}), ("memory pools", {"memory_pools": True, "preallocate": False})]:
+    for label, options in [("preallocated", {}), ("no preallocation", {"preallocate": False})]:
         try:
             calls = own_calls(**options)
         except NvjpegError as error:

@@ -152,6 +152,7 @@ def test_the_preallocated_decoder_gives_torchvisions_pixels():
     from torchvision.io import ImageReadMode, decode_jpeg
 
     jpegs = [
+        jpeg_of(301, 199, 6),  # odd sides: the next image's planes start at an odd offset of the buffer
         jpeg_of(500, 375, 0),
         jpeg_of(375, 500, 1, subsampling=0),  # 4:4:4
         jpeg_of(500, 333, 2, subsampling=1),  # 4:2:2
@@ -165,15 +166,38 @@ def test_the_preallocated_decoder_gives_torchvisions_pixels():
         with torch.cuda.stream(side):  # decoded on a side stream, read on the default one after a wait
             ours = decoder.decode(jpegs)
         torch.cuda.current_stream().wait_stream(side)
+        copies = [None if image is None else image.clone() for image in ours]  # read at once, in stream order
         theirs = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device="cuda")
-        assert ours[-1] is None
-        for k, (a, b) in enumerate(zip(ours[:-1], theirs[:-1], strict=True)):
+        assert copies[-1] is None
+        for k, (a, b) in enumerate(zip(copies[:-1], theirs[:-1], strict=True)):
+            assert a is not None, f"the hardware decoder refused JPEG {k}"
             assert a.shape == b.shape and torch.equal(a, b), k
         more = [jpeg_of(301, 300, 10), jpeg_of(900, 700, 11)]  # new sizes, back to back on the same state
         for a, b in zip(decoder.decode(more), decode_jpeg(more, mode=ImageReadMode.RGB, device="cuda"), strict=True):
             assert a is not None and torch.equal(a, b)
     finally:
         decoder.close()
+    with pytest.raises(NvjpegError, match="decode after close"):
+        decoder.decode(jpegs)
+
+
+@pytest.mark.gpu
+def test_a_remade_decoder_keeps_decoding_right():
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    pool = gpu_decode._DecodeStream(torch.device("cuda", torch.cuda.current_device()))  # its own: a fresh decoder
+    sizes = [(375, 500), (500, 375), (333, 500), (199, 301), (480, 640), (64, 80), (400, 400), (300, 200)]
+    jpegs = [jpeg_of(w, h, 20 + k) for k, (h, w) in enumerate(sizes)]
+    with torch.cuda.stream(pool.stream):
+        first = pool._decode_preallocated(jpegs[:3], capacity=3)
+        made = pool.preallocated
+        second = pool._decode_preallocated(jpegs, capacity=3)  # more JPEGs than it holds: remade, the old closed
+    assert pool.preallocated is not made and pool.preallocated.batch_size == 8 and not made.handle
+    torch.cuda.synchronize()
+    theirs = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device="cuda")
+    for ours, count in ((first, 3), (second, 8)):
+        assert len(ours) == count and all(torch.equal(a, b) for a, b in zip(ours, theirs[:count], strict=True))
+    pool.preallocated.close()
 
 
 @pytest.mark.gpu
