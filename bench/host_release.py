@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +20,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from longest_pause import LongestPause  # noqa: E402 (bench/, the script's own folder)
+
 from gpu_decode import Encoded, encoded_collate, release_host_buffer  # noqa: E402
 
 
@@ -36,32 +37,6 @@ class Crops(Dataset):
     def __getitem__(self, index: int) -> tuple[Encoded, int]:
         pixels = torch.full((3, 224, 224), index % 251, dtype=torch.uint8)
         return Encoded(pixels, False, (0, 0, 224, 224), False, finished=True), index
-
-
-class LongestPause:
-    """A thread that records the longest gap between two of its iterations."""
-
-    def __init__(self) -> None:
-        self.longest = 0.0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        last = time.perf_counter()
-        while not self.stop.is_set():
-            now = time.perf_counter()
-            self.longest = max(self.longest, now - last)
-            last = now
-
-    def __enter__(self) -> LongestPause:
-        self.thread.start()
-        time.sleep(0.05)
-        self.longest = 0.0
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def main() -> None:

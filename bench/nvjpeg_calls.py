@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,6 +48,8 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from longest_pause import LongestPause  # noqa: E402 (bench/, the script's own folder)
+
 import gpu_decode  # noqa: E402
 from gpu_decode import Encoded, EncodedSampleLoader, decode_batch, encoded_collate  # noqa: E402
 from nvjpeg_batched import BatchedDecoder, NvjpegError  # noqa: E402
@@ -71,43 +73,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-class Launcher:
-    """Launches a small kernel on its own stream in a loop and records its longest pause between two launches."""
+def launcher(device: torch.device) -> LongestPause:
+    """A thread that launches a small kernel on its own stream in a loop: its longest pause between two launches."""
+    tensor, stream, launches = torch.zeros(1024, device=device), torch.cuda.Stream(device), itertools.count(1)
 
-    def __init__(self, device: torch.device) -> None:
-        self.tensor = torch.zeros(1024, device=device)
-        self.stream = torch.cuda.Stream(device)
-        self.stop = threading.Event()
-        self.started = threading.Event()  # set after the thread's warm-up: pauses count from then on
-        self.longest = 0.0
-        self.thread = threading.Thread(target=self._run, daemon=True)
+    def launch() -> None:
+        tensor.add_(1.0)
+        if next(launches) % 64 == 0:
+            stream.synchronize()  # a short queue: the pause measures the host, not a full queue
 
-    def _run(self) -> None:
-        launches = 0
-        warmup_end = time.perf_counter() + 0.1
-        with torch.cuda.stream(self.stream):
-            last = time.perf_counter()
-            while not self.stop.is_set():
-                self.tensor.add_(1.0)
-                launches += 1
-                if launches % 64 == 0:
-                    self.stream.synchronize()  # a short queue: the pause measures the host, not a full queue
-                now = time.perf_counter()
-                if self.started.is_set():
-                    self.longest = max(self.longest, now - last)
-                elif now >= warmup_end:
-                    self.started.set()
-                last = now
-
-    def __enter__(self) -> Launcher:
-        self.thread.start()
-        if not self.started.wait(timeout=30):
-            raise RuntimeError("the launcher thread did not start launching within 30 s")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
+    return LongestPause(launch, context=lambda: torch.cuda.stream(stream), warmup_s=0.1)
 
 
 def resized(jpeg: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -134,7 +109,7 @@ def row(label: str, call: Callable[[], object], a: argparse.Namespace, device: t
         call()
     torch.cuda.synchronize(device)
     times, waited = [], 0
-    with Launcher(device) as launcher:
+    with launcher(device) as pauses:
         for _ in range(a.calls):
             with torch.cuda.stream(side):
                 torch.cuda._sleep(cycles)
@@ -145,7 +120,7 @@ def row(label: str, call: Callable[[], object], a: argparse.Namespace, device: t
             times.append((time.perf_counter() - start) * 1e3)
             waited += busy.query()
             torch.cuda.synchronize(device)
-        gap = launcher.longest * 1e3
+        gap = pauses.longest * 1e3
     torch.cuda.nvtx.range_pop()
     return f"| {label} | {statistics.median(times):.2f} / {max(times):.2f} | {waited}/{a.calls} | {gap:.2f} |"
 

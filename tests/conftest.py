@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -128,3 +130,21 @@ def tiny_args():
 def run_train():
     """:func:`_run_train`: runs ``python train.py`` in a subprocess."""
     return _run_train
+
+
+def _bench_script(name: str) -> ModuleType:
+    """``bench/<name>.py`` imported as a module (``bench/`` is a folder of scripts, not a package); its own folder is
+    on ``sys.path`` for the helpers the scripts share, as when they run."""
+    bench = str(REPO / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def bench_script():
+    """:func:`_bench_script`: imports a benchmark script by name."""
+    return _bench_script

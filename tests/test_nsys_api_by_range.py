@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "nsys_api_by_range.py"
 MS = 1_000_000  # nsys times are in ns
 
 
 @pytest.fixture(scope="module")
-def counter():
-    spec = importlib.util.spec_from_file_location("bench_nsys_api_by_range", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def counter(bench_script):
+    return bench_script("nsys_api_by_range")
 
 
 def tid(pid: int, thread: int) -> int:

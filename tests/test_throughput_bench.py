@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "throughput.py"
 
 
 @pytest.fixture(scope="module")
-def throughput():
-    spec = importlib.util.spec_from_file_location("bench_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def throughput(bench_script):
+    return bench_script("throughput")
 
 
 def row(img_s: float, ms: float, peak: float) -> dict:
