@@ -40,7 +40,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 import shapes_dataset
 from callbacks.preemption import WorkerSignalShield
-from gpu_decode import EncodedSampleLoader, decode_batch, encoded_collate
+from gpu_decode import NVJPEG_BINDINGS, EncodedSampleLoader, decode_batch, encoded_collate
 from image_loading import (  # noqa: F401 (load_rgb: datamodule.load_rgb before image_loading.py, re-exported)
     BadImageCollate,
     BadImageCounter,
@@ -238,6 +238,11 @@ class ImageNetDataModule(pl.LightningDataModule):
             that the workers still decode and crop with PIL, as ``decode: cpu`` would; the GPU path takes the rest. The
             GPU path's per-image host work runs in the training process, PIL's in the worker processes: a share that
             keeps both busy feeds the GPU best (README, "Feeding the GPU"). 0 sends every JPEG to the GPU path.
+        nvjpeg: With ``decode: gpu``, how nvJPEG is called: ``torchvision`` (``torchvision.io.decode_jpeg``) or
+            ``preallocated`` (nvjpeg_batched.py: its own handle on the hardware decoder, buffers sized once for the
+            batch, so that images of new sizes do not make nvJPEG free device memory, which waits for the whole GPU).
+            ``preallocated`` falls back to torchvision, with a warning, where the GPU has no JPEG hardware decoder, and
+            for the JPEGs that decoder does not take (progressive ones). Not yet run on a GPU: off by default.
         on_bad_image: An image file that cannot be decoded (truncated, empty, not an image, unreadable): ``error``
             stops the run with a message naming the file; ``skip`` replaces the sample with the next image that
             loads, warns once per file and counts them (logged per epoch as ``train_bad_images``/``val_bad_images``).
@@ -261,6 +266,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         synthetic_val_steps: int = 10,
         decode: Literal["cpu", "gpu"] = "cpu",
         cpu_decode_share: float = 0.0,
+        nvjpeg: Literal["torchvision", "preallocated"] = "torchvision",
         on_bad_image: Literal["error", "skip"] = "error",
         seed: int = 0,
     ) -> None:
@@ -292,6 +298,10 @@ class ImageNetDataModule(pl.LightningDataModule):
                 f"data.cpu_decode_share ({cpu_decode_share}) splits the decode of data.decode: gpu between the "
                 f"workers and the GPU; with data.decode: {decode} it has no effect: set data.decode: gpu or leave it 0"
             )
+        if nvjpeg not in NVJPEG_BINDINGS:
+            raise ValueError(f"data.nvjpeg must be one of {', '.join(NVJPEG_BINDINGS)}, got {nvjpeg!r}")
+        if nvjpeg != "torchvision" and decode != "gpu":
+            raise ValueError(f"data.nvjpeg: {nvjpeg} chooses how data.decode: gpu calls nvJPEG; set data.decode: gpu")
         if on_bad_image not in ("error", "skip"):
             raise ValueError(f"data.on_bad_image must be 'error' or 'skip', got {on_bad_image!r}")
         self.save_hyperparameters()
@@ -513,7 +523,7 @@ class ImageNetDataModule(pl.LightningDataModule):
     def _wrap(
         self, loader: DataLoader, size: int, split: str, prefetcher: type[DevicePrefetcher] = DevicePrefetcher
     ) -> DevicePrefetcher:
-        decoder = partial(decode_batch, size=size) if self.gpu_decode else None
+        decoder = partial(decode_batch, size=size, nvjpeg=self.hparams.nvjpeg) if self.gpu_decode else None
         counted = BadImageCounter(loader, split)  # callbacks.bad_images.BadImageCount logs its per-epoch count
         wrapped = prefetcher(
             counted, self._device(), IMAGENET_MEAN_255, IMAGENET_STD_255, self.channels_last, decoder=decoder

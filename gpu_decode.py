@@ -55,6 +55,7 @@ import io
 import mmap
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -76,6 +77,12 @@ except ImportError:  # pragma: no cover
 
 #: EXIF tag of the orientation; anything but 1 needs a rotation nvJPEG does not apply.
 _ORIENTATION = 0x0112
+
+#: How ``data.nvjpeg`` may decode on CUDA: torchvision's binding, or :mod:`nvjpeg_batched` with buffers sized once.
+NVJPEG_BINDINGS = ("torchvision", "preallocated")
+
+#: Smallest side the preallocated decoder sizes its buffers for (most photo collections stay within it).
+PREALLOCATE_SIDE = 512
 
 #: Pixels (crops x padded height x padded width) of one group of the batched resize: 256 crops of 512 x 512, about
 #: 200 MB of uint8 plus 400 MB of fp16 on the GPU while a batch is resized. Larger batches go in several groups.
@@ -278,9 +285,11 @@ def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[PackedBatch, 
     return PackedBatch(data, len(finished), side, table), targets
 
 
-def decode_batch(images: PackedBatch, device: torch.device | str, size: int) -> torch.Tensor:
+def decode_batch(
+    images: PackedBatch, device: torch.device | str, size: int, nvjpeg: str = "torchvision"
+) -> torch.Tensor:
     """The prefetcher's decoder: the batch's finished crops copied, the other samples decoded and cropped
-    (:func:`decode_crop_resize`); float32 ``(N, 3, size, size)`` on 0..255, finished crops first.
+    (:func:`decode_crop_resize`, with ``nvjpeg``); float32 ``(N, 3, size, size)`` on 0..255, finished crops first.
 
     The host buffer of a :class:`PackedBatch` is handed to :func:`release_later` (``data`` is left empty once it is
     released).
@@ -294,7 +303,8 @@ def decode_batch(images: PackedBatch, device: torch.device | str, size: int) -> 
         # The cast in the copy into ``out``: no float32 temporary (a uint8 one on the device).
         out[: images.finished].copy_(_staged(finished, device).to(device, non_blocking=True))
     if samples:
-        out[images.finished :].copy_(decode_crop_resize(samples, device, size))
+        capacity = images.finished + len(images.table)  # the batch: the most JPEGs a later call may bring
+        out[images.finished :].copy_(decode_crop_resize(samples, device, size, nvjpeg=nvjpeg, capacity=capacity))
     del finished, samples  # views of the buffer: its release must drop the last reference
     release_later(images.data, device)
     return out
@@ -392,6 +402,8 @@ def decode_crop_resize(
     max_padded_pixels: int = MAX_PADDED_PIXELS,
     gather: str = "strided",
     dtype: torch.dtype | None = None,
+    nvjpeg: str = "torchvision",
+    capacity: int = 0,
 ) -> torch.Tensor:
     """Decodes, crops, resizes and flips a batch on ``device``; returns float32 ``(N, 3, size, size)`` on 0..255.
 
@@ -409,15 +421,21 @@ def decode_crop_resize(
             (one copy per crop; kept for the benchmark's comparison).
         dtype: Of the padded crops and the matmuls: default float16 on CUDA (exact for 0..255; weights to 11 bits),
             float32 elsewhere.
+        nvjpeg: Which binding of nvJPEG decodes on CUDA: ``torchvision`` (``decode_jpeg`` on the list) or
+            ``preallocated`` (:mod:`nvjpeg_batched`: buffers sized once, see ``data.nvjpeg``).
+        capacity: The most JPEGs a call of this run may bring (the batch size), for ``preallocated``; at least this
+            call's.
     """
     if gather not in ("strided", "copy"):
         raise ValueError(f"gather must be 'strided' or 'copy', got {gather!r}")
+    if nvjpeg not in NVJPEG_BINDINGS:
+        raise ValueError(f"nvjpeg must be one of {', '.join(NVJPEG_BINDINGS)}, got {nvjpeg!r}")
     device = torch.device(device)
     if dtype is None:
         dtype = torch.float16 if device.type == "cuda" else torch.float32
     if not samples:
         return torch.empty((0, 3, size, size), dtype=torch.float32, device=device)
-    images, release = _decode(samples, device)
+    images, release = _decode(samples, device, nvjpeg, capacity)
     try:
         return _crop_resize(samples, images, device, size, max_padded_pixels, gather, dtype)
     finally:
@@ -452,7 +470,9 @@ def _resize_one(image: torch.Tensor, box: tuple[int, int, int, int], flip: bool,
 
 
 # --- decoding --------------------------------------------------------------------------------------------------------
-def _decode(samples: list[Encoded], device: torch.device) -> tuple[list[torch.Tensor], Callable[[], None]]:
+def _decode(
+    samples: list[Encoded], device: torch.device, nvjpeg: str = "torchvision", capacity: int = 0
+) -> tuple[list[torch.Tensor], Callable[[], None]]:
     """The ``(3, H, W)`` uint8 pixels of every sample on ``device``, and what to call once their last read is queued."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -465,7 +485,7 @@ def _decode(samples: list[Encoded], device: torch.device) -> tuple[list[torch.Te
         data = [samples[i].data for i in jpeg_index]
         if device.type == "cuda":
             pool = _DecodeStream.of(device)
-            decoded = pool.decode(data, device)
+            decoded = pool.decode(data, device, nvjpeg, max(capacity, len(data)))
             release = lambda: pool.park(decoded)  # noqa: E731
         else:
             decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
@@ -499,6 +519,10 @@ class _DecodeStream:
         self.stream = torch.cuda.Stream(device=device, priority=-1)
         self.lock = threading.Lock()
         self.parked: list[tuple[torch.cuda.Event, list[torch.Tensor]]] = []
+        self.preallocated: Any = None  # nvjpeg_batched.BatchedDecoder, made at the first call that asks for it
+        self.preallocated_failed = False
+        self.preallocated_lock = threading.Lock()
+        self.warned: set[str] = set()
 
     @classmethod
     def of(cls, device: torch.device) -> _DecodeStream:
@@ -508,7 +532,9 @@ class _DecodeStream:
                 cls._pools[index] = cls(torch.device("cuda", index))
             return cls._pools[index]
 
-    def decode(self, data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    def decode(
+        self, data: list[torch.Tensor], device: torch.device, nvjpeg: str = "torchvision", capacity: int = 0
+    ) -> list[torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         with self.lock:
@@ -517,9 +543,66 @@ class _DecodeStream:
         parked.clear()  # their reads are done: the memory may be reused
         consumer = torch.cuda.current_stream(self.stream.device)
         with torch.cuda.stream(self.stream):
-            images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+            images = self._decode_preallocated(data, capacity) if nvjpeg == "preallocated" else None
+            if images is None:
+                images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+            elif any(image is None for image in images):
+                # JPEGs the hardware decoder does not take (progressive, unusual subsamplings): torchvision's nvJPEG.
+                rest = [k for k, image in enumerate(images) if image is None]
+                decoded = decode_jpeg([data[k] for k in rest], mode=ImageReadMode.RGB, device=device)
+                for k, image in zip(rest, decoded, strict=True):
+                    images[k] = image
+                self._warn_once(
+                    "data.nvjpeg: preallocated: some JPEGs are not for nvJPEG's hardware decoder (progressive JPEGs, "
+                    "unusual chroma subsamplings); torchvision decodes those"
+                )
         consumer.wait_stream(self.stream)
         return images
+
+    def _decode_preallocated(self, data: list[torch.Tensor], capacity: int) -> list[torch.Tensor | None] | None:
+        """The images by :class:`nvjpeg_batched.BatchedDecoder` on this stream (None for the JPEGs it does not take),
+        or None when it cannot decode the batch (then torchvision does, with one warning per reason). One decoder per
+        device, made at the first call and sized for ``capacity`` JPEGs of up to PREALLOCATE_SIDE x PREALLOCATE_SIDE
+        (a larger image makes nvJPEG grow its buffers once more); remade, as large, for a call with more JPEGs."""
+        from nvjpeg_batched import BatchedDecoder, NvjpegError
+
+        with self.preallocated_lock:  # the train and val producers may both be here; a decoder closes only here
+            decoder = self.preallocated
+            if self.preallocated_failed:
+                return None
+            if decoder is None or len(data) > decoder.batch_size:
+                old = decoder
+                try:
+                    decoder = BatchedDecoder(
+                        self.stream.device,
+                        max(capacity, len(data), old.batch_size if old else 0),
+                        max(PREALLOCATE_SIDE, old.max_height if old else 0),
+                        max(PREALLOCATE_SIDE, old.max_width if old else 0),
+                    )
+                except (NvjpegError, OSError, RuntimeError) as error:
+                    if old is not None:  # e.g. out of memory for the larger one: keep the old decoder for later calls
+                        self._warn_once(
+                            f"nvJPEG's batched decoder could not grow ({error}); torchvision decodes larger calls"
+                        )
+                        return None
+                    self.preallocated_failed = True
+                    self._warn_once(
+                        f"data.nvjpeg: preallocated is not available here ({error}); decoding with torchvision"
+                    )
+                    return None
+                if old is not None:
+                    old.close()
+                self.preallocated = decoder
+            try:
+                return decoder.decode(data)
+            except NvjpegError as error:
+                self._warn_once(f"nvJPEG's batched hardware decoder failed a batch ({error}); torchvision decodes it")
+                return None
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self.warned:
+            self.warned.add(message)
+            warnings.warn(message, stacklevel=3)
 
     def park(self, images: list[torch.Tensor]) -> None:
         event = torch.cuda.Event()

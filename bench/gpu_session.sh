@@ -4,7 +4,8 @@
 #   bash bench/gpu_session.sh OUTDIR STAGE...
 # tests    : python -m pytest -m gpu (every GPU test of the suite)
 # decode   : bench/decode_bench.py: nvJPEG decode and the per-image vs batched crop/resize on a JPEG folder
-# nvjpeg   : bench/nvjpeg_calls.py under nsys (new files of many sizes vs one size, the app's decode_batch), then the
+# nvjpeg   : bench/nvjpeg_calls.py under nsys (new files of many sizes vs one size, the app's decode_batch, the own
+#            nvJPEG handle of nvjpeg_batched.py with and without preallocation, data.nvjpeg preallocated), then the
 #            cuMemFree/copy/sync counts per row (bench/nsys_api_by_range.py); only text comes back, not the report
 # eager-P  : bench/throughput.py, precision P (bf16|fp16), eager: raw loop, app synthetic, NVTX on, PIL folder, nvJPEG
 # compile-P: the same compiled (torch.compile), without the NVTX and PIL rows

@@ -19,6 +19,9 @@ Rows, in this order in one process:
     new files, all W x H    (--same-size W H) the next files re-encoded at one size: new bitstreams, one image size
     decode_batch, pageable  the app's producer work on packed batches (share --share), crops copied from pageable memory
     decode_batch            the same as the app does it: crops staged in page-locked memory
+    nvjpeg_batched (...)    the next files by nvjpeg_batched.py's own handle: buffers preallocated for the batch at
+                            512 x 512 (``data.nvjpeg: preallocated``), and the same handle without preallocation
+    decode_batch, data.nvjpeg preallocated   the app's producer work with that decoder
 
 Run it under ``nsys profile -t cuda,nvtx`` and count ``cuMemFree`` per row with ``bench/nsys_api_by_range.py``
 (each row is an NVTX range, its warm-up calls included). On an H200 (bench/RESULTS.md) the frees came with new image
@@ -49,6 +52,7 @@ from longest_pause import LongestPause  # noqa: E402 (bench/, the script's own f
 
 import gpu_decode  # noqa: E402
 from gpu_decode import Encoded, EncodedSampleLoader, decode_batch, encoded_collate  # noqa: E402
+from nvjpeg_batched import BatchedDecoder, NvjpegError  # noqa: E402
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -131,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     folder = Path(a.data) / "train" if (Path(a.data) / "train").is_dir() else Path(a.data)
     files = sorted(folder.glob("*/*.JPEG"))
     np.random.default_rng(a.seed).shuffle(files)
-    rows_with_files = 4 if a.same_size else 3
+    rows_with_files = 7 if a.same_size else 6
     counts = np.random.default_rng(a.seed).binomial(a.batch, 1.0 - a.share, size=a.calls + a.warmup)
     counts = counts.clip(min=1).tolist()
     needed = rows_with_files * sum(counts)
@@ -158,13 +162,25 @@ def main(argv: list[str] | None = None) -> None:
         batches: Iterator[list[torch.Tensor]] = iter(files)
         return lambda: decode_jpeg(next(batches), mode=ImageReadMode.RGB, device=device)
 
-    def packed_calls() -> Callable[[], object]:
+    def own_calls(**options: bool) -> Callable[[], object]:
+        """nvjpeg_batched.BatchedDecoder on the next files, sized for the batch and 512 x 512 as the app sizes it."""
+        batches = iter([[next(samples) for _ in range(n)] for n in counts])
+        decoder = BatchedDecoder(device, a.batch, 512, 512, **options)
+
+        def call() -> object:
+            batch = next(batches)
+            with torch.cuda.stream(producer):
+                return decoder.decode([s.data for s in batch])
+
+        return call
+
+    def packed_calls(nvjpeg: str = "torchvision") -> Callable[[], object]:
         batches = [[(next(samples), 0) for _ in range(n)] + [(finished, 0)] * (a.batch - n) for n in counts]
         packed = iter([encoded_collate(batch)[0] for batch in batches])
 
         def call() -> object:
             with torch.cuda.stream(producer):
-                return decode_batch(next(packed), device, 224)
+                return decode_batch(next(packed), device, 224, nvjpeg=nvjpeg)
 
         return call
 
@@ -189,6 +205,15 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         gpu_decode._staged = staged
     print(row(f"decode_batch, share {a.share}", packed_calls(), a, device, cycles), flush=True)
+    for label, options in [("preallocated", {}), ("no preallocation", {"preallocate": False})]:
+        try:
+            calls = own_calls(**options)
+        except NvjpegError as error:
+            print(f"| new files, nvjpeg_batched ({label}) | {error} | | |", flush=True)
+            continue
+        print(row(f"new files, nvjpeg_batched ({label})", calls, a, device, cycles), flush=True)
+    preallocated = packed_calls("preallocated")
+    print(row(f"decode_batch, share {a.share}, data.nvjpeg preallocated", preallocated, a, device, cycles))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ Variants:
     app_folder_gpu the app on the same folder with data.decode=gpu: nvJPEG decode + crop/resize/flip on the GPU
     app_folder_gpu@S  the same with data.cpu_decode_share=S: the workers decode that share of the files with PIL
     app_folder_gpu_pageable@S  the same, with the finished crops copied to the GPU from pageable memory as before
+    app_folder_gpu_preallocated[@S]  app_folder_gpu[@S] with data.nvjpeg=preallocated (nvjpeg_batched.py's decoder)
                    they were staged in page-locked memory (gpu_decode._staged bypassed): that change side by side
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
@@ -49,6 +50,7 @@ VARIANTS = (
     "app_folder",
     "app_folder_gpu",
     "app_folder_gpu_pageable",
+    "app_folder_gpu_preallocated",
 )
 
 
@@ -56,7 +58,9 @@ def split_variant(variant: str) -> tuple[str, float]:
     """``app_folder_gpu@0.7`` -> ``("app_folder_gpu", 0.7)``; any other variant has a CPU decode share of 0."""
     name, at, share = variant.partition("@")
     if name not in VARIANTS or (at and not name.startswith("app_folder_gpu")):
-        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, app_folder_gpu[_pageable]@SHARE")
+        raise ValueError(
+            f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, app_folder_gpu[_pageable|_preallocated]@SHARE"
+        )
     try:
         value = float(share) if at else 0.0
     except ValueError:
@@ -149,6 +153,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         synthetic_train_steps=a.warmup + a.steps + 5,
         decode="gpu" if name.startswith("app_folder_gpu") else "cpu",
         cpu_decode_share=cpu_share,
+        nvjpeg="preallocated" if name.endswith("_preallocated") else "torchvision",
     )
     model = ImageNetClassifier(
         arch=a.arch,

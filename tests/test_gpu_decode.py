@@ -244,6 +244,8 @@ def test_a_shared_buffer_is_freed_unless_another_tensor_still_reads_it():
         ({"decode": "gpu", "cpu_decode_share": -0.1}, r"data.cpu_decode_share must be in \[0, 1\]"),
         ({"decode": "gpu", "cpu_decode_share": 2}, r"data.cpu_decode_share must be in \[0, 1\]"),
         ({"decode": "cpu", "cpu_decode_share": 0.5}, "with data.decode: cpu it has no effect"),
+        ({"decode": "gpu", "nvjpeg": "dali"}, "data.nvjpeg must be one of torchvision, preallocated, got 'dali'"),
+        ({"decode": "cpu", "nvjpeg": "preallocated"}, "chooses how data.decode: gpu calls nvJPEG; set data.decode"),
     ],
 )
 def test_the_data_module_refuses_a_share_that_cannot_apply(kwargs, message):
@@ -426,3 +428,11 @@ def test_host_pixels_are_staged_in_page_locked_memory_for_the_gpu():
     assert staged.is_pinned() and not host.is_pinned()
     assert torch.equal(staged, host) and staged.data_ptr() != host.data_ptr()
     assert _staged(staged, torch.device("cuda")) is staged  # already page-locked: used as it is
+
+
+def test_decode_crop_resize_refuses_an_unknown_nvjpeg_binding(mixed_batch):
+    with pytest.raises(ValueError, match="nvjpeg must be one of torchvision, preallocated, got 'nvimgcodec'"):
+        decode_crop_resize(mixed_batch, "cpu", SIZE, nvjpeg="nvimgcodec")
+    # On the CPU the binding does not matter: torchvision decodes (nvJPEG is a GPU library).
+    same = decode_crop_resize(mixed_batch, "cpu", SIZE, nvjpeg="preallocated")
+    assert torch.equal(same, decode_crop_resize(mixed_batch, "cpu", SIZE))

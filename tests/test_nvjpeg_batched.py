@@ -1,0 +1,224 @@
+"""nvjpeg_batched.py (``data.nvjpeg: preallocated``): the library, the struct nvJPEG fills, argument checks, and how
+gpu_decode falls back to torchvision; on a GPU (``-m gpu``) the same pixels as torchvision's nvJPEG binding."""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import threading
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gpu_decode
+import nvjpeg_batched
+from nvjpeg_batched import BatchedDecoder, NvjpegError, NvjpegImage
+
+
+def test_the_output_struct_is_laid_out_as_nvjpeg_h_declares_it():
+    # typedef struct { unsigned char *channel[4]; size_t pitch[4]; } nvjpegImage_t;
+    assert ctypes.sizeof(NvjpegImage) == 8 * ctypes.sizeof(ctypes.c_void_p)
+    assert NvjpegImage.pitch.offset == 4 * ctypes.sizeof(ctypes.c_void_p)
+
+
+def test_the_library_torchvision_ships_loads_and_has_the_preallocate_call(monkeypatch):
+    monkeypatch.delenv("NVJPEG_LIBRARY", raising=False)
+    path = nvjpeg_batched.library_path()
+    if not Path(path).is_file():
+        pytest.skip(f"no libnvjpeg shipped with this torchvision ({path})")
+    major, minor, patch = nvjpeg_batched.version()
+    assert major >= 11 and minor >= 0 and patch >= 0  # the preallocate call came with CUDA 11's nvJPEG
+    assert hasattr(nvjpeg_batched.library(), "nvjpegDecodeBatchedPreAllocate")
+
+
+def test_a_library_that_does_not_load_names_the_path_and_the_variable(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("NVJPEG_LIBRARY", str(tmp_path / "libnvjpeg.so.missing"))
+    monkeypatch.setattr(nvjpeg_batched, "_library", None)
+    with pytest.raises(NvjpegError, match=r"libnvjpeg.so.missing .*set NVJPEG_LIBRARY"):
+        nvjpeg_batched.library()
+
+
+def test_bad_arguments_are_refused_before_any_call():
+    with pytest.raises(ValueError, match="nvJPEG decodes on a CUDA device, got cpu"):
+        BatchedDecoder("cpu", 256, 512, 512)
+    with pytest.raises(ValueError, match="must be positive"):
+        BatchedDecoder("cuda:0", 0, 512, 512)
+    assert str(NvjpegError("nvjpegCreateEx", 7)) == "nvjpegCreateEx failed: NVJPEG_STATUS_ARCH_MISMATCH (7)"
+
+
+class FakeDecoder:
+    """Stands in for BatchedDecoder on a CPU-only machine: records what gpu_decode asks of it."""
+
+    made: list[FakeDecoder] = []
+    refuse_at: str = ""
+
+    def __init__(self, device, batch_size, max_height, max_width):  # noqa: ANN001
+        if FakeDecoder.refuse_at == "create":
+            raise NvjpegError("nvjpegCreateEx", 7)
+        self.batch_size, self.max_height, self.max_width, self.closed = batch_size, max_height, max_width, False
+        FakeDecoder.made.append(self)
+
+    def decode(self, data):  # noqa: ANN001, ANN201
+        if FakeDecoder.refuse_at == "decode":
+            raise NvjpegError("nvjpegDecodeBatched", 6)
+        assert not self.closed, "decoded with a closed decoder"
+        return [torch.zeros(3, 4, 4, dtype=torch.uint8) for _ in data]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def stream_of_fakes(monkeypatch):
+    FakeDecoder.made, FakeDecoder.refuse_at = [], ""
+    monkeypatch.setattr(nvjpeg_batched, "BatchedDecoder", FakeDecoder)
+    pool = object.__new__(gpu_decode._DecodeStream)  # no CUDA stream here: only what _decode_preallocated reads
+    pool.stream = SimpleNamespace(device=torch.device("cuda", 0))
+    pool.preallocated, pool.preallocated_failed, pool.warned = None, False, set()
+    pool.preallocated_lock = threading.Lock()
+    return pool
+
+
+def test_the_preallocated_decoder_is_sized_for_the_batch_and_remade_for_a_larger_one(stream_of_fakes):
+    pool = stream_of_fakes
+    data = [torch.zeros(10, dtype=torch.uint8)] * 3
+    assert len(pool._decode_preallocated(data, capacity=256)) == 3
+    (first,) = FakeDecoder.made
+    side = gpu_decode.PREALLOCATE_SIDE
+    assert (first.batch_size, first.max_height, first.max_width) == (256, side, side)
+    pool._decode_preallocated(data, capacity=256)
+    assert len(FakeDecoder.made) == 1  # reused: no new handle, no new buffers
+    first.max_height = 2 * side  # as if made larger: a remade decoder keeps what the old one held
+    pool._decode_preallocated(data * 100, capacity=100)
+    assert len(FakeDecoder.made) == 2 and first.closed
+    assert (FakeDecoder.made[1].batch_size, FakeDecoder.made[1].max_height) == (300, 2 * side)
+
+
+def test_two_producer_threads_never_decode_with_a_decoder_the_other_closed(stream_of_fakes):
+    pool, errors = stream_of_fakes, []
+
+    def produce(count: int) -> None:
+        try:
+            for _ in range(200):
+                pool._decode_preallocated([torch.zeros(1, dtype=torch.uint8)] * count, capacity=count)
+        except AssertionError as error:  # FakeDecoder.decode on a closed decoder
+            errors.append(error)
+
+    threads = [threading.Thread(target=produce, args=(count,)) for count in (8, 16, 8, 32)]
+    [thread.start() for thread in threads]
+    [thread.join() for thread in threads]
+    assert not errors
+    assert all(decoder.closed for decoder in FakeDecoder.made[:-1]) and not FakeDecoder.made[-1].closed
+
+
+@pytest.mark.parametrize("refuse_at", ["create", "decode"])
+def test_what_the_hardware_decoder_refuses_goes_to_torchvision_with_one_warning(stream_of_fakes, refuse_at):
+    pool = stream_of_fakes
+    FakeDecoder.refuse_at = refuse_at
+    data = [torch.zeros(10, dtype=torch.uint8)]
+    with pytest.warns(UserWarning, match="ARCH_MISMATCH" if refuse_at == "create" else "EXECUTION_FAILED"):
+        assert pool._decode_preallocated(data, capacity=8) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same reason warns once
+        assert pool._decode_preallocated(data, capacity=8) is None
+    assert len(FakeDecoder.made) == (0 if refuse_at == "create" else 1)
+
+
+def jpeg_of(width: int, height: int, seed: int, **save: object) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, size=(5, 5, 3), dtype=np.uint8)
+    image = Image.fromarray(coarse, "RGB").resize((width, height), Image.BICUBIC)
+    if save.pop("gray", False):
+        image = image.convert("L")
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90, **save)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+@pytest.mark.gpu
+def test_the_shipped_library_has_every_call_on_the_gpu_machine():
+    path = nvjpeg_batched.library_path()
+    assert Path(path).is_file(), f"no libnvjpeg beside torchvision ({path}): data.nvjpeg preallocated falls back"
+    assert nvjpeg_batched.version()[0] >= 11
+
+
+@pytest.mark.gpu
+def test_the_preallocated_decoder_gives_torchvisions_pixels():
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    jpegs = [
+        jpeg_of(301, 199, 6),  # odd sides: the next image's planes start at an odd offset of the buffer
+        jpeg_of(500, 375, 0),
+        jpeg_of(375, 500, 1, subsampling=0),  # 4:4:4
+        jpeg_of(500, 333, 2, subsampling=1),  # 4:2:2
+        jpeg_of(80, 64, 3, gray=True),
+        jpeg_of(640, 480, 4),  # larger than preallocated
+        jpeg_of(300, 200, 5, progressive=True),  # not for the hardware decoder: None
+    ]
+    decoder = BatchedDecoder("cuda", batch_size=8, max_height=512, max_width=512)
+    try:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):  # decoded on a side stream, read on the default one after a wait
+            ours = decoder.decode(jpegs)
+        torch.cuda.current_stream().wait_stream(side)
+        copies = [None if image is None else image.clone() for image in ours]  # read at once, in stream order
+        theirs = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device="cuda")
+        assert copies[-1] is None
+        for k, (a, b) in enumerate(zip(copies[:-1], theirs[:-1], strict=True)):
+            assert a is not None, f"the hardware decoder refused JPEG {k}"
+            assert a.shape == b.shape and torch.equal(a, b), k
+        more = [jpeg_of(301, 300, 10), jpeg_of(900, 700, 11)]  # new sizes, back to back on the same state
+        for a, b in zip(decoder.decode(more), decode_jpeg(more, mode=ImageReadMode.RGB, device="cuda"), strict=True):
+            assert a is not None and torch.equal(a, b)
+    finally:
+        decoder.close()
+    with pytest.raises(NvjpegError, match="decode after close"):
+        decoder.decode(jpegs)
+
+
+@pytest.mark.gpu
+def test_a_remade_decoder_keeps_decoding_right():
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    pool = gpu_decode._DecodeStream(torch.device("cuda", torch.cuda.current_device()))  # its own: a fresh decoder
+    sizes = [(375, 500), (500, 375), (333, 500), (199, 301), (480, 640), (64, 80), (400, 400), (300, 200)]
+    jpegs = [jpeg_of(w, h, 20 + k) for k, (h, w) in enumerate(sizes)]
+    with torch.cuda.stream(pool.stream):
+        first = pool._decode_preallocated(jpegs[:3], capacity=3)
+        made = pool.preallocated
+        second = pool._decode_preallocated(jpegs, capacity=3)  # more JPEGs than it holds: remade, the old closed
+    assert pool.preallocated is not made and pool.preallocated.batch_size == 8 and not made.handle
+    torch.cuda.synchronize()
+    theirs = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device="cuda")
+    for ours, count in ((first, 3), (second, 8)):
+        assert len(ours) == count and all(torch.equal(a, b) for a, b in zip(ours, theirs[:count], strict=True))
+    pool.preallocated.close()
+
+
+@pytest.mark.gpu
+def test_decode_batch_with_the_preallocated_decoder_gives_torchvisions_crops():
+    from gpu_decode import Encoded, decode_batch, encoded_collate
+
+    pool = gpu_decode._DecodeStream.of(torch.device("cuda", torch.cuda.current_device()))
+    pool.preallocated_failed, pool.warned = False, set()
+
+    def batch(progressive: bool) -> gpu_decode.PackedBatch:
+        samples = []
+        for seed, (h, w) in enumerate([(375, 500), (400, 300), (333, 500)]):
+            data = jpeg_of(w, h, seed, progressive=progressive and seed == 1)
+            samples.append((Encoded(data, True, (10, 20, h // 2, w // 2), seed % 2 == 0), seed))
+        return encoded_collate(samples)[0]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = decode_batch(batch(False), "cuda", 64, nvjpeg="preallocated")
+    assert pool.preallocated is not None and not caught  # the own decoder ran, nothing fell back
+    assert torch.equal(ours, decode_batch(batch(False), "cuda", 64))
+    with pytest.warns(UserWarning, match="not for nvJPEG's hardware decoder"):
+        ours = decode_batch(batch(True), "cuda", 64, nvjpeg="preallocated")
+    assert torch.equal(ours, decode_batch(batch(True), "cuda", 64))  # the progressive one by torchvision
