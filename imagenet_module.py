@@ -32,6 +32,10 @@ except ImportError:  # pragma: no cover
     from typing import override  # type: ignore[attr-defined,no-redef]
 
 
+#: Trainer precisions that run through Lightning's MixedPrecision plugin (autocast; GradScaler for 16-mixed).
+MIXED_PRECISIONS = ("16-mixed", "bf16-mixed")
+
+
 def classification_archs() -> list[str]:
     """Names that ``torchvision.models.get_model`` builds as image classifiers."""
     return sorted(torchvision.models.list_models(module=torchvision.models))
@@ -144,9 +148,9 @@ class ImageNetClassifier(pl.LightningModule):
         fused_sgd: The SGD kernel. ``true``: torch's fused SGD, one kernel for the whole update; under ``16-mixed``
             it also takes GradScaler's overflow check: a step with inf/NaN gradients is skipped on the GPU, so no
             step waits for the host to read the check back (the unfused optimizer syncs once per step for it).
-            ``false``: torch's foreach SGD. ``null`` (default): fused on CUDA, except under ``16-mixed`` with
-            ``trainer.gradient_clip_val`` (clipping needs unscaled gradients before the step; Lightning refuses it
-            with a fused optimizer).
+            ``false``: torch's default SGD (foreach on CUDA). ``null`` (default): fused on CUDA, except with
+            ``trainer.gradient_clip_val`` under ``16-mixed`` or ``bf16-mixed`` (Lightning's mixed-precision plugin
+            refuses clipping with an optimizer that unscales inside its step).
     """
 
     def __init__(
@@ -263,7 +267,7 @@ class ImageNetClassifier(pl.LightningModule):
             momentum=h.momentum,
             weight_decay=h.weight_decay,
             nesterov=h.nesterov,
-            fused=fused,
+            fused=True if fused else None,  # not False: with an explicit False torch runs its per-tensor loop
         )
         steps_per_epoch = self.steps_per_epoch()
         max_epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 90
@@ -278,14 +282,15 @@ class ImageNetClassifier(pl.LightningModule):
     def _fused_sgd(self) -> bool:
         """Whether this run's SGD is fused (``fused_sgd``, resolved for the device, precision and clipping)."""
         trainer = self.trainer
-        clipping = bool(trainer.gradient_clip_val) and trainer.precision == "16-mixed"
+        clipping = bool(trainer.gradient_clip_val) and trainer.precision in MIXED_PRECISIONS
         if self.hparams.fused_sgd is None:
             return self.device.type == "cuda" and not clipping
         if self.hparams.fused_sgd and clipping:
             raise ValueError(
                 f"model.fused_sgd: true cannot be combined with trainer.gradient_clip_val "
-                f"{trainer.gradient_clip_val} under precision 16-mixed (clipping needs the gradients unscaled before "
-                "the step, the fused kernel unscales inside it); set model.fused_sgd: false, or null to choose"
+                f"{trainer.gradient_clip_val} under precision {trainer.precision} (Lightning's mixed-precision plugin "
+                "refuses clipping with an optimizer that unscales inside its step); set model.fused_sgd: false, or "
+                "null to choose"
             )
         return bool(self.hparams.fused_sgd)
 
@@ -296,8 +301,12 @@ class ImageNetClassifier(pl.LightningModule):
         # GradScaler it skips overflow steps itself would apply them).
         fused = self._fused_sgd()
         for optimizer in self.trainer.optimizers:
+            if not isinstance(optimizer, torch.optim.SGD):
+                continue
             for group in optimizer.param_groups:
-                group["fused"], group["foreach"] = fused, (False if fused else group.get("foreach"))
+                # None, not False, for the unfused kernel: torch then picks foreach on CUDA; with an explicit False
+                # (on either flag) it runs its per-tensor loop.
+                group["fused"], group["foreach"] = (True if fused else None), None
                 if not group["momentum"]:
                     continue
                 # Zero momentum buffers before the first step. torch's fused SGD creates them with empty_like on its

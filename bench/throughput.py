@@ -12,8 +12,8 @@ line; the parent prints a Markdown table with ratios to the plain loop.
 Variants:
     raw            the plain loop (.carry/raw_loop.py, or --raw-loop PATH): synthetic data on the GPU
     app_synthetic  the app (ImageNetClassifier + ImageNetDataModule(source=synthetic) + Trainer), same config
-    app_synthetic_foreach  the same with model.fused_sgd=false: torch's foreach SGD, as the plain loop steps (under
-                   fp16, GradScaler then reads its overflow check back to the host every step)
+    app_synthetic_foreach  the same with model.fused_sgd=false: torch's default SGD (foreach on CUDA), as the plain
+                   loop steps (under fp16, GradScaler then reads its overflow check back to the host every step)
     app_nvtx       as app_synthetic with the profiling callback on and its window past the end: the cost of the
                    NVTX step/phase ranges outside the window
     app_folder     the app on a JPEG folder (--data): PIL decode + crop in the workers, the prefetcher's copy

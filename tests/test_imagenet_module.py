@@ -145,11 +145,12 @@ def test_schedule_and_scaling_through_a_real_trainer(shapes_root: Path) -> None:
 @pytest.mark.parametrize(
     ("fused_sgd", "device", "precision", "clip", "expected"),
     [
-        (None, "cpu", "32-true", None, False),  # auto: foreach off CUDA
+        (None, "cpu", "32-true", None, False),  # auto: torch's default off CUDA
         (None, "cuda", "bf16-mixed", None, True),
         (None, "cuda", "16-mixed", None, True),
-        (None, "cuda", "16-mixed", 1.0, False),  # clipping needs the gradients unscaled before the step
-        (None, "cuda", "bf16-mixed", 1.0, True),  # no GradScaler, nothing to unscale
+        (None, "cuda", "16-mixed", 1.0, False),  # Lightning's mixed-precision plugin refuses clipping when fused
+        (None, "cuda", "bf16-mixed", 1.0, False),
+        (None, "cuda", "32-true", 1.0, True),  # no mixed-precision plugin: clipping works with the fused kernel
         (True, "cpu", "32-true", None, True),
         (False, "cuda", "16-mixed", None, False),
     ],
@@ -163,11 +164,34 @@ def test_fused_sgd_choice(
     assert model._fused_sgd() is expected
 
 
-def test_fused_sgd_with_fp16_clipping_is_refused_before_training() -> None:
-    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=32, fused_sgd=True)
-    model._trainer = mocked_trainer(1, 1, precision="16-mixed", gradient_clip_val=0.5)
-    with pytest.raises(ValueError, match=r"model.fused_sgd: true .* trainer.gradient_clip_val 0.5 .* model.fused_sgd"):
-        model.configure_optimizers()
+def linear_classifier(**kwargs: object) -> ImageNetClassifier:
+    """The module around a linear layer on 3x2x2 images: its optimizer and hooks without a ResNet's CPU time."""
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=6, warmup_epochs=0, **kwargs)
+    model.model = RecordingLinear(3 * 2 * 2, 10)
+    return model
+
+
+def random_loader(batches: int, seed: int = 0) -> DataLoader:
+    generator = torch.Generator().manual_seed(seed)
+    images, targets = torch.randn(batches * 6, 3, 2, 2, generator=generator), torch.randint(0, 10, (batches * 6,))
+    return DataLoader(TensorDataset(images, targets), batch_size=6)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
+def test_fused_sgd_and_clipping_through_a_real_trainer(precision: str) -> None:
+    """Lightning's mixed-precision plugin refuses gradient clipping with a fused optimizer (at the first step, a
+    RuntimeError from deep inside the loop): the module says so before training. Without that plugin it trains."""
+    model = linear_classifier(fused_sgd=True)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=2, gradient_clip_val=1.0, precision=precision, limit_val_batches=0, **QUIET
+    )
+    if precision == "32-true":
+        trainer.fit(model, random_loader(2))
+        assert trainer.global_step == 2 and trainer.optimizers[0].param_groups[0]["fused"] is True
+        return
+    with pytest.raises(ValueError, match=rf"model.fused_sgd: true .*gradient_clip_val 1.0 under precision {precision}"):
+        trainer.fit(model, random_loader(2))
+    assert trainer.global_step == 0
 
 
 def fit_fp16_with_overflows(fused_sgd: bool, steps: int = 10) -> tuple[ImageNetClassifier, pl.Trainer, float]:
@@ -176,55 +200,63 @@ def fit_fp16_with_overflows(fused_sgd: bool, steps: int = 10) -> tuple[ImageNetC
     from pytorch_lightning.plugins.precision import MixedPrecision
 
     torch.manual_seed(0)
-    classes, batch = 10, 6
-    images, targets = torch.randn(steps * batch, 3, 2, 2), torch.randint(0, classes, (steps * batch,))
-    model = ImageNetClassifier(
-        arch="resnet18", num_classes=classes, batch_size=batch, warmup_epochs=0, fused_sgd=fused_sgd
-    )
-    model.model = RecordingLinear(3 * 2 * 2, classes)
+    model = linear_classifier(fused_sgd=fused_sgd)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20)
     trainer = pl.Trainer(accelerator="cpu", max_epochs=1, plugins=[MixedPrecision("16-mixed", "cpu", scaler)], **QUIET)
-    trainer.fit(model, DataLoader(TensorDataset(images, targets), batch_size=batch))
+    trainer.fit(model, random_loader(steps))
     assert model.model.outputs[0].dtype == torch.float16  # the forward really ran in fp16
     return model, trainer, scaler.get_scale()
 
 
 def test_fused_sgd_skips_overflow_steps_exactly_as_the_unfused_one() -> None:
     """fp16's first steps overflow by design. The fused kernel skips them on the device (no host sync); from zeroed
-    momentum buffers the run is bit-identical to torch's foreach SGD, which GradScaler skips from the host. (torch's
+    momentum buffers the run is bit-identical to torch's unfused SGD, which GradScaler skips from the host. (torch's
     own fused SGD leaves its first-step buffers uninitialized when that step is skipped: this test then fails.)"""
     fused, fused_trainer, fused_scale = fit_fp16_with_overflows(True)
-    foreach, _, foreach_scale = fit_fp16_with_overflows(False)
+    unfused, _, unfused_scale = fit_fp16_with_overflows(False)
     optimizer = fused_trainer.optimizers[0]
     assert optimizer.param_groups[0]["fused"] and optimizer._step_supports_amp_scaling
-    assert fused_scale == foreach_scale < 2.0**20  # overflow steps were skipped in both runs
+    # 2^20 halved four times: the first four steps, the very first included, were skipped in both runs.
+    assert fused_scale == unfused_scale == 2.0**16
     untrained = RecordingLinear(3 * 2 * 2, 10)
     for key, value in fused.state_dict().items():
-        assert torch.equal(value, foreach.state_dict()[key]), key
+        assert torch.equal(value, unfused.state_dict()[key]), key
     assert not torch.equal(fused.model.linear.weight, untrained.linear.weight)
 
 
-def test_a_checkpoint_does_not_switch_the_sgd_kernel(tmp_path: Path) -> None:
-    """torch's load_state_dict takes the saved param_groups' "fused" flag: a checkpoint of a fused run resumed with
-    the foreach kernel (or the reverse) must run the kernel this run chose, with the saved momentum."""
-    torch.manual_seed(0)
-    images, targets = torch.randn(24, 3, 2, 2), torch.randint(0, 10, (24,))
+class OptimizerAtFirstStep(pl.Callback):
+    """The SGD flags and momentum buffers as the first training batch of the run starts (after the restore)."""
 
-    def fit(fused_sgd: bool, epochs: int, ckpt: Path | None) -> pl.Trainer:
-        model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=6, warmup_epochs=0, fused_sgd=fused_sgd)
-        model.model = RecordingLinear(12, 10)
-        trainer = pl.Trainer(accelerator="cpu", max_epochs=epochs, **QUIET)
-        trainer.fit(model, DataLoader(TensorDataset(images, targets), batch_size=6), ckpt_path=ckpt)
-        return trainer
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
+        if not hasattr(self, "flags"):
+            optimizer = trainer.optimizers[0]
+            self.flags = (optimizer.param_groups[0]["fused"], optimizer.param_groups[0]["foreach"])
+            self.buffers = [optimizer.state[p]["momentum_buffer"].clone() for p in optimizer.param_groups[0]["params"]]
 
-    first = fit(True, 1, None)
-    first.save_checkpoint(tmp_path / "fused.ckpt")
-    saved = torch.load(tmp_path / "fused.ckpt", weights_only=False)["optimizer_states"][0]
-    assert saved["param_groups"][0]["fused"] is True
-    assert all("momentum_buffer" in state for state in saved["state"].values())
-    resumed = fit(False, 2, tmp_path / "fused.ckpt")
+
+@pytest.mark.parametrize(("saved_fused", "resumed_fused"), [(True, False), (False, True)])
+def test_a_checkpoint_does_not_switch_the_sgd_kernel(tmp_path: Path, saved_fused: bool, resumed_fused: bool) -> None:
+    """torch's load_state_dict takes the saved param_groups' "fused" and "foreach" flags: a checkpoint resumed with the
+    other kernel must run the kernel this run chose (fused, or torch's default: foreach on CUDA), with the saved
+    momentum."""
+
+    def fit(fused_sgd: bool, epochs: int, ckpt: Path | None) -> tuple[pl.Trainer, OptimizerAtFirstStep]:
+        probe = OptimizerAtFirstStep()
+        trainer = pl.Trainer(accelerator="cpu", max_epochs=epochs, callbacks=[probe], **QUIET)
+        trainer.fit(linear_classifier(fused_sgd=fused_sgd), random_loader(4), ckpt_path=ckpt)
+        return trainer, probe
+
+    first, _ = fit(saved_fused, 1, None)
+    first.save_checkpoint(tmp_path / "first.ckpt")
+    saved = torch.load(tmp_path / "first.ckpt", weights_only=False)["optimizer_states"][0]
+    assert saved["param_groups"][0]["fused"] is (True if saved_fused else None)
+    resumed, probe = fit(resumed_fused, 2, tmp_path / "first.ckpt")
     assert resumed.global_step == 8
-    assert resumed.optimizers[0].param_groups[0]["fused"] is False
+    assert probe.flags == ((True, None) if resumed_fused else (None, None))
+    saved_buffers = [saved["state"][i]["momentum_buffer"] for i in saved["param_groups"][0]["params"]]
+    assert len(probe.buffers) == len(saved_buffers) == 2
+    for restored, kept in zip(probe.buffers, saved_buffers, strict=True):
+        assert torch.equal(restored, kept) and kept.abs().sum() > 0  # the trained momentum, not fresh zeros
 
 
 # --- model building ----------------------------------------------------------------------------------------------
