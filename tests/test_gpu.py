@@ -236,8 +236,9 @@ def test_gpu_decode_trains_with_files_nvjpeg_should_not_get(tmp_path: Path, cpu_
 
 
 class _NoSyncWindow(pl.Callback):
-    """Makes every synchronizing CUDA call raise (``torch.cuda.set_sync_debug_mode("error")``) from the start to the
-    end of training batches ``first``..``last``: forward, backward, the optimizer step and GradScaler's update."""
+    """Makes the synchronizing CUDA calls torch detects raise (``torch.cuda.set_sync_debug_mode("error")``, a prototype
+    that does not detect every kind) from the start to the end of training batches ``first``..``last``: forward,
+    backward, the optimizer step and GradScaler's update."""
 
     def __init__(self, first: int, last: int) -> None:
         self.first, self.last, self.checked = first, last, 0
