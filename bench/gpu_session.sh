@@ -17,15 +17,19 @@
 # ddp-P    : bench/throughput.py on 1 and all GPUs of the machine (torchrun): raw loop, app synthetic, app nvJPEG
 #            folder; scaling. Workers: cores per GPU minus two (the split decode on 2 GPUs sharing 32 cores gave 0.53
 #            of synthetic with 16 workers per GPU and 0.655 with 14; not explained, see bench/RESULTS.md)
+# cpuload-P: bench/cpu_load.py around bench/throughput.py on all GPUs (torchrun, cores per GPU minus two workers,
+#            VARIANTS default app_folder_gpu@0.85): per-core load and clock, the busiest threads (main, producer,
+#            workers) of every rank, for the 2-GPU JPEG collapse
 # VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
 # LAUNCHER=lightning runs the ddp stage's app rows under Lightning's own launcher instead of torchrun.
-# The JPEG folder holds 30,000 training images: the timed steps of a 1-GPU run stay inside one epoch.
+# The JPEG folder holds 40,000 training images: the 20 + 50 steps of batch 256 stay inside each GPU's first epoch on
+# 1 and 2 GPUs (bench/throughput.py refuses a folder where they would not; with 30,000, 2 GPUs crossed an epoch's end).
 # The step reports (JSON, Markdown, PNG) land in OUTDIR/report_step_report/ and OUTDIR/report2_step_report/.
 set -uo pipefail
 out=${1:?OUTDIR}; shift
 mkdir -p "$out"
 limit=${STAGE_TIMEOUT:-240}
-jpegs() { [ -d /tmp/jpegs ] || python3 bench/make_jpeg_folder.py /tmp/jpegs --classes 100 --train-per-class 300 \
+jpegs() { [ -d /tmp/jpegs ] || python3 bench/make_jpeg_folder.py /tmp/jpegs --classes 100 --train-per-class 400 \
   --val-per-class 4 > "$out/jpegs.txt"; }
 table() { grep -v "^app\|^raw" "$1"; }
 for stage in "$@"; do
@@ -74,6 +78,13 @@ for stage in "$@"; do
       --channels-last --gpus "1,$n" --launcher "${LAUNCHER:-torchrun}" --workers $(($(nproc) / n - 2)) \
       --variants "${VARIANTS:-raw,app_synthetic,app_folder_gpu}" --data /tmp/jpegs > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
+  cpuload-*)
+    jpegs; p=${stage#*-}; n=$(nvidia-smi -L | wc -l)
+    BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/cpu_load.py --skip 15 --top 25 --json "$out/cpu_load.json" \
+      -- python3 bench/throughput.py --arch resnet50 --precision "$p" --channels-last --gpus "$n" --launcher torchrun \
+      --workers $(($(nproc) / n - 2)) --variants "${VARIANTS:-app_folder_gpu@0.85}" --data /tmp/jpegs \
+      > "$out/cpu_load_$stage.txt" 2>&1
+    grep -A40 "^cpu_load:" "$out/cpu_load_$stage.txt" | grep -v "^app\|^raw"; table "$out/cpu_load_$stage.txt" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

@@ -202,6 +202,29 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
     }
 
 
+def check_epoch_room(data: str, gpus: int, batch: int, warmup: int, steps: int) -> None:
+    """Exits unless every GPU's first epoch of ``data`` holds the warm-up and the timed steps.
+
+    At an epoch's end the loader's workers run dry and refill from empty (the next epoch's first batch is decoded
+    after the last one is consumed): a stall of about one batch's decode per worker, inside the timed window it is
+    not throughput. The sampler drops the remainder, so each GPU sees ``images // gpus // batch`` batches an epoch.
+    """
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    train = Path(data) / "train"
+    images = sum(1 for f in train.glob("*/*") if f.suffix.lower() in IMG_EXTENSIONS) if train.is_dir() else 0
+    batches = images // gpus // batch
+    # Two more than the run's steps: Lightning's fetcher and the prefetcher each hold the next batch.
+    if batches < warmup + steps + 2:
+        need = (warmup + steps + 2) * batch * gpus
+        sys.exit(
+            f"--data {data}: {images} training images give {batches} batches of {batch} per GPU and epoch on {gpus} "
+            f"GPU(s); the {warmup} warm-up and {steps} timed steps would cross an epoch's end, where the loader "
+            f"refills from empty. Use at least {need} images (bench/make_jpeg_folder.py --train-per-class) or fewer "
+            "--steps"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
     if a.child and os.environ.get("BENCH_STACKS_AFTER_S"):
@@ -221,10 +244,14 @@ def main(argv: list[str] | None = None) -> None:
         [split_variant(variant) for variant in a.variants.split(",")]
     except ValueError as error:
         sys.exit(f"--variants: {error}")
+    folders = [v for v in a.variants.split(",") if v.startswith("app_folder")]
+    if folders and not a.data:
+        sys.exit("app_folder needs --data PATH (an ImageNet-layout JPEG folder: bench/make_jpeg_folder.py)")
+    if folders:
+        for gpus in gpu_counts:
+            check_epoch_room(a.data, gpus, a.batch, a.warmup, a.steps)
     for gpus in gpu_counts:
         for variant in a.variants.split(","):
-            if variant.startswith("app_folder") and not a.data:
-                sys.exit("app_folder needs --data PATH (an ImageNet-layout JPEG folder: bench/make_jpeg_folder.py)")
             cmd = [sys.executable, __file__, *args, "--child", variant]
             if gpus > 1 and (variant == "raw" or a.launcher == "torchrun"):
                 cmd = [

@@ -71,3 +71,19 @@ def test_compiled_runs_warm_up_longer_unless_told(throughput) -> None:
     assert throughput.parse([]).warmup == 20
     assert throughput.parse(["--compile"]).warmup == 60
     assert throughput.parse(["--compile", "--warmup", "5"]).warmup == 5
+
+
+def test_a_folder_whose_epoch_ends_inside_the_timed_steps_is_refused(throughput, tmp_path) -> None:
+    """2 GPUs halve each GPU's epoch: on the bench's 30,000-image folder the 20 + 50 steps of batch 256 crossed an
+    epoch's end there (58 batches per GPU), and not on 1 GPU (117)."""
+    for c in range(3):
+        (tmp_path / "train" / f"c{c}").mkdir(parents=True)
+        for i in range(20):
+            (tmp_path / "train" / f"c{c}" / f"{i}.JPEG").touch()
+    (tmp_path / "train" / "c0" / "notes.txt").touch()  # not an image: not counted
+    throughput.check_epoch_room(str(tmp_path), gpus=1, batch=4, warmup=2, steps=11)  # 60 // 4 = 15 = 2 + 11 + 2
+    with pytest.raises(SystemExit, match=r"60 training images give 7 batches of 4 per GPU and epoch on 2 GPU\(s\)"):
+        throughput.check_epoch_room(str(tmp_path), gpus=2, batch=4, warmup=2, steps=11)
+    with pytest.raises(SystemExit, match=r"would cross an epoch's end.* at least 120 images"):
+        throughput.main(["--variants", "raw,app_folder_gpu@0.85", "--data", str(tmp_path), "--batch", "4",
+                         "--warmup", "2", "--steps", "11", "--gpus", "1,2"])  # fmt: skip
