@@ -20,8 +20,8 @@ Variants:
     app_folder_gpu the app on the same folder with data.decode=gpu: nvJPEG decode + crop/resize/flip on the GPU
     app_folder_gpu@S  the same with data.cpu_decode_share=S: the workers decode that share of the files with PIL
     app_folder_gpu_pageable@S  the same, with the finished crops copied to the GPU from pageable memory as before
-    app_folder_gpu_preallocated[@S]  app_folder_gpu[@S] with data.nvjpeg=preallocated (nvjpeg_batched.py's decoder)
                    they were staged in page-locked memory (gpu_decode._staged bypassed): that change side by side
+    app_folder_gpu_preallocated[@S]  app_folder_gpu[@S] with data.nvjpeg=preallocated (nvjpeg_batched.py's decoder)
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
