@@ -13,7 +13,9 @@ COMMAND ends prints, over the sampled window:
 
 It was written for the 2-GPU JPEG runs that reach 0.66 of synthetic data while one GPU reaches 0.95 on half the cores
 (bench/RESULTS.md): e.g. ``python bench/cpu_load.py --skip 60 -- python bench/throughput.py --gpus 2 ...``.
-Exits with COMMAND's exit status. Linux only (/proc).
+Exits with COMMAND's exit status (128 + N for signal N). On SIGTERM or Ctrl-C it passes the signal on and still
+reports. Threads of one Python process share its name; the main thread is marked. The samples are ``--interval``
+apart, so a window of a few seconds holds a few of them. Linux only (/proc).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,7 +66,8 @@ def parse_task_stat(text: str) -> tuple[str, int, int]:
 
 def _read(path: Path) -> str | None:
     try:
-        return path.read_text()
+        # Bytes, not text: the kernel cuts thread names at 15 bytes, which can split a UTF-8 character.
+        return path.read_bytes().decode("utf-8", "replace")
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None  # the process or thread ended between the listing and the read
 
@@ -124,37 +128,56 @@ def main(argv: list[str] | None = None) -> int:
     if not command or a.interval <= 0 or a.skip < 0:
         sys.exit("cpu_load.py: give a COMMAND after --, an --interval > 0 and a --skip >= 0")
 
-    proc = subprocess.Popen(command)
+    try:
+        proc = subprocess.Popen(command)
+    except OSError as error:
+        sys.exit(f"cpu_load.py: cannot start {command[0]!r}: {error}")
+    stopping: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        # ``timeout`` or Ctrl-C: pass the signal on, and still report what was sampled.
+        stopping.append(signum)
+        proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     start = time.monotonic()
-    first = last = None  # (time, core ticks, MHz, thread ticks)
-    seen: dict[tuple[int, int], tuple[str, int, int, str]] = {}  # thread -> (name, first ticks, last ticks, command)
-    while proc.poll() is None:
+    first = last = None  # (time, core ticks, MHz)
+    # (pid, tid) -> (name, command, time first seen, ticks then, time last seen, ticks then)
+    seen: dict[tuple[int, int], tuple[str, str, float, int, float, int]] = {}
+    while proc.poll() is None and not stopping:
         time.sleep(a.interval)
-        if time.monotonic() - start < a.skip or proc.poll() is not None:
+        if time.monotonic() - start < a.skip or proc.poll() is not None or stopping:
             continue
-        pids = process_tree(proc.pid)
-        threads = thread_ticks(pids)
-        sample = (time.monotonic(), core_times(), core_mhz(), threads)
-        first = first or sample
-        last = sample
+        threads = thread_ticks(process_tree(proc.pid))
+        now = time.monotonic()
+        first = first or (now, core_times(), core_mhz())
+        last = (now, core_times(), core_mhz())
         for key, (name, ticks) in threads.items():
-            # A thread first seen now counts from now: what it ran before this sample is not in the window.
-            base, cmd = (seen[key][1], seen[key][3]) if key in seen else (ticks, command_of(key[0]))
-            seen[key] = (name, base, ticks, cmd)
+            # A thread counts from its first sample: what it ran before is not in the window.
+            old = seen.get(key)
+            seen[key] = (
+                (name, old[1], old[2], old[3], now, ticks)
+                if old
+                else (name, command_of(key[0]), now, ticks, now, ticks)
+            )
+    proc.wait()
+    status = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode  # as a shell reports a signal
 
     if first is None or last is None or last[0] <= first[0]:
         ran = short(" ".join(command), 200)
         print(f"cpu_load: {ran} ended before two samples after --skip {a.skip} s: nothing to report")
-        return proc.returncode
+        return status
     seconds = last[0] - first[0]
     busy = {
         core: (last[1][core][0] - first[1][core][0]) / max(1, last[1][core][1] - first[1][core][1])
         for core in last[1]
         if core in first[1]
     }
+    # Cores over the thread's own time in the window (a worker started late and busy all along shows 1.0).
     threads = sorted(
-        ((ticks1 - ticks0) / TICK / seconds, pid, tid, name, cmd)
-        for (pid, tid), (name, ticks0, ticks1, cmd) in seen.items()
+        ((ticks1 - ticks0) / TICK / max(t1 - t0, a.interval), pid, tid, name, cmd)
+        for (pid, tid), (name, cmd, t0, ticks0, t1, ticks1) in seen.items()
     )[::-1]
     shares = sorted(busy.values(), reverse=True)
     print(f"\ncpu_load: {seconds:.1f} s sampled after the first {a.skip:g} s of: {short(' '.join(command), 200)}")
@@ -169,11 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"CPU time of {len({t[1] for t in threads})} processes, {len(threads)} threads: "
-        f"{sum(t[0] for t in threads):.2f} cores in all"
+        f"{sum((v[5] - v[3]) / TICK for v in seen.values()) / seconds:.2f} cores in all"
     )
-    print("| cores | pid | thread | command |\n|---|---|---|---|")
-    for share, pid, _, name, cmd in threads[: a.top]:
-        print(f"| {share:.2f} | {pid} | {name} | {cmd} |")
+    print("| cores | pid | tid | thread | command |\n|---|---|---|---|---|")
+    for share, pid, tid, name, cmd in threads[: a.top]:
+        print(f"| {share:.2f} | {pid} | {tid}{' (main)' if tid == pid else ''} | {name} | {cmd} |")
     if a.json:
         Path(a.json).write_text(
             json.dumps(
@@ -183,14 +206,14 @@ def main(argv: list[str] | None = None) -> int:
                     "mhz_first": first[2],
                     "mhz_last": last[2],
                     "threads": [
-                        {"cores": s, "pid": pid, "tid": tid, "name": name, "command": cmd}
+                        {"cores": s, "pid": pid, "tid": tid, "main": tid == pid, "name": name, "command": cmd}
                         for s, pid, tid, name, cmd in threads
                     ],
                 },
                 indent=1,
             )
         )
-    return proc.returncode
+    return status
 
 
 if __name__ == "__main__":

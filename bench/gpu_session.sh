@@ -22,15 +22,22 @@
 #            workers) of every rank, for the 2-GPU JPEG collapse
 # VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
 # LAUNCHER=lightning runs the ddp stage's app rows under Lightning's own launcher instead of torchrun.
-# The JPEG folder holds 40,000 training images: the 20 + 50 steps of batch 256 stay inside each GPU's first epoch on
-# 1 and 2 GPUs (bench/throughput.py refuses a folder where they would not; with 30,000, 2 GPUs crossed an epoch's end).
+# The JPEG folder holds at least 40,000 training images: the 20 + 50 steps of batch 256 stay inside each GPU's first
+# epoch (bench/throughput.py refuses a folder where they would not; with 30,000, 2 GPUs crossed an epoch's end).
 # The step reports (JSON, Markdown, PNG) land in OUTDIR/report_step_report/ and OUTDIR/report2_step_report/.
 set -uo pipefail
 out=${1:?OUTDIR}; shift
 mkdir -p "$out"
 limit=${STAGE_TIMEOUT:-240}
-jpegs() { [ -d /tmp/jpegs ] || python3 bench/make_jpeg_folder.py /tmp/jpegs --classes 100 --train-per-class 400 \
-  --val-per-class 4 > "$out/jpegs.txt"; }
+# The JPEG folder: 100 classes, enough images per class that 72 batches of 256 fit in each GPU's first epoch (at least
+# 400 per class); named by its size so that a warm machine's smaller folder is not reused, written to a temporary
+# name first so that an interrupted one is not either.
+jpegs() {
+  local gpus pc; gpus=$(nvidia-smi -L | wc -l); pc=$(( (72 * 256 * gpus + 99) / 100 )); [ "$pc" -lt 400 ] && pc=400
+  data=/tmp/jpegs_$pc
+  [ -d "$data" ] || { rm -rf "$data.partial" && python3 bench/make_jpeg_folder.py "$data.partial" --classes 100 \
+    --train-per-class "$pc" --val-per-class 4 > "$out/jpegs.txt" && mv "$data.partial" "$data"; }
+}
 table() { grep -v "^app\|^raw" "$1"; }
 for stage in "$@"; do
   echo "=== $stage (t=${SECONDS}s)"
@@ -39,13 +46,13 @@ for stage in "$@"; do
     > "$out/pytest_gpu.txt" 2>&1
     tail -25 "$out/pytest_gpu.txt" ;;
   nvjpeg) jpegs; timeout "$limit" nsys profile -s none -t cuda,nvtx --force-overwrite true -o /tmp/nvjpeg_calls \
-      python3 bench/nvjpeg_calls.py --data /tmp/jpegs --share "${SHARE:-0.85}" --calls 15 --same-size 500 375 \
+      python3 bench/nvjpeg_calls.py --data "$data" --share "${SHARE:-0.85}" --calls 15 --same-size 500 375 \
       > "$out/nvjpeg_calls.txt" 2>&1
     grep "^|" "$out/nvjpeg_calls.txt"
     nsys export --type sqlite --force-overwrite true -o /tmp/nvjpeg_calls.sqlite /tmp/nvjpeg_calls.nsys-rep >/dev/null \
       && python3 bench/nsys_api_by_range.py /tmp/nvjpeg_calls.sqlite | tee "$out/nvjpeg_api_by_range.txt" \
       | grep -i "free\|alloc\|memcpy\|range" ;;
-  decode) jpegs; timeout "$limit" python3 bench/decode_bench.py --data /tmp/jpegs --batch 256 --iters 20 2>&1 \
+  decode) jpegs; timeout "$limit" python3 bench/decode_bench.py --data "$data" --batch 256 --iters 20 2>&1 \
     | tee "$out/decode_bench.txt" | tail -20 ;;
   eager-*|compile-*)
     jpegs; p=${stage#*-}; flags=(); variants=raw,app_synthetic,app_nvtx,app_folder,app_folder_gpu
@@ -53,7 +60,7 @@ for stage in "$@"; do
       && stacks=240
     variants=${VARIANTS:-$variants}
     BENCH_STACKS_AFTER_S=$stacks timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \
-      --channels-last "${flags[@]}" --workers "$(nproc)" --variants "$variants" --data /tmp/jpegs \
+      --channels-last "${flags[@]}" --workers "$(nproc)" --variants "$variants" --data "$data" \
       > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
   split-*)
@@ -61,11 +68,11 @@ for stage in "$@"; do
     for share in ${SHARES:-0.6 0.7 0.8}; do variants+=",app_folder_gpu@$share"; done
     BENCH_STACKS_AFTER_S=150 timeout "$limit" taskset -c "0-$((cores - 1))" python3 bench/throughput.py \
       --arch resnet50 --precision "$p" --channels-last --workers $((cores - 2)) --variants "${VARIANTS:-$variants}" \
-      --data /tmp/jpegs > "$out/throughput_$stage.txt" 2>&1
+      --data "$data" > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
   report|report2)
     jpegs; n=1; [ "$stage" = report2 ] && n=2
-    timeout "$limit" python3 train.py --config configs/resnet50_imagenet.yaml --data.root /tmp/jpegs \
+    timeout "$limit" python3 train.py --config configs/resnet50_imagenet.yaml --data.root "$data" \
       --data.workers $(($(nproc) / n)) --data.decode gpu --data.cpu_decode_share "${SHARE:-0}" --data.batch_size 256 --trainer.devices "$n" \
       --trainer.max_steps 40 --trainer.enable_progress_bar false --trainer.default_root_dir "/tmp/${stage}_run" \
       --trainer.logger.init_args.save_dir "/tmp/${stage}_run" --profile.start_step 20 --profile.num_steps 10 2>&1 \
@@ -76,15 +83,15 @@ for stage in "$@"; do
     jpegs; p=${stage#*-}; n=$(nvidia-smi -L | wc -l)
     BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \
       --channels-last --gpus "1,$n" --launcher "${LAUNCHER:-torchrun}" --workers $(($(nproc) / n - 2)) \
-      --variants "${VARIANTS:-raw,app_synthetic,app_folder_gpu}" --data /tmp/jpegs > "$out/throughput_$stage.txt" 2>&1
+      --variants "${VARIANTS:-raw,app_synthetic,app_folder_gpu}" --data "$data" > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
   cpuload-*)
     jpegs; p=${stage#*-}; n=$(nvidia-smi -L | wc -l)
-    BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/cpu_load.py --skip 15 --top 25 --json "$out/cpu_load.json" \
-      -- python3 bench/throughput.py --arch resnet50 --precision "$p" --channels-last --gpus "$n" --launcher torchrun \
-      --workers $(($(nproc) / n - 2)) --variants "${VARIANTS:-app_folder_gpu@0.85}" --data /tmp/jpegs \
-      > "$out/cpu_load_$stage.txt" 2>&1
-    grep -A40 "^cpu_load:" "$out/cpu_load_$stage.txt" | grep -v "^app\|^raw"; table "$out/cpu_load_$stage.txt" ;;
+    BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/cpu_load.py --skip 15 --top 25 \
+      --json "$out/cpu_load_$stage.json" -- python3 bench/throughput.py --arch resnet50 --precision "$p" \
+      --channels-last --gpus "$n" --launcher torchrun --workers $(($(nproc) / n - 2)) \
+      --variants "${VARIANTS:-app_folder_gpu@0.85}" --data "$data" > "$out/cpu_load_$stage.txt" 2>&1
+    table "$out/cpu_load_$stage.txt" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

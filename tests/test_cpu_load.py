@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,12 +55,15 @@ def test_a_spinning_thread_is_the_busiest_and_the_exit_status_is_kept(tmp_path: 
     )  # fmt: skip
     assert run.returncode == 3, run.stderr
     report = json.loads(out.read_text())
-    top = report["threads"][0]
-    assert top["name"] == "spinner" and 0.6 <= top["cores"] <= 1.1, report["threads"][:3]
+    top, *rest = report["threads"]
+    # On a loaded 2-core machine the spinner gets less than a core: it must still stand out from the sleeping main
+    # thread by far (measured on an idle machine: 1.0 against 0.0).
+    assert top["name"] == "spinner" and 0.25 <= top["cores"] <= 1.1, report["threads"][:3]
+    main = [t for t in rest if t["main"]]
+    assert len(main) == 1 and main[0]["pid"] == top["pid"] and main[0]["cores"] < top["cores"] / 10
     assert top["command"].startswith("python") and "-c" in top["command"]
-    assert max(report["core_busy"].values()) >= 0.5  # the core it ran on (it may move between the two)
-    assert sum(report["core_busy"].values()) >= 0.6
-    assert "| cores | pid | thread | command |" in run.stdout and "spinner" in run.stdout
+    assert sum(report["core_busy"].values()) >= 0.25
+    assert "| cores | pid | tid | thread | command |" in run.stdout and "spinner" in run.stdout
 
 
 def test_a_command_shorter_than_the_skip_reports_nothing_and_keeps_its_status():
@@ -75,3 +80,26 @@ def test_usage_errors():
     for args in ([], ["--"], ["--interval", "0", "--", "true"]):
         run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=30)
         assert run.returncode != 0 and "cpu_load.py" in run.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_sigterm_is_passed_on_and_the_report_still_printed():
+    """``timeout`` ends a stage with SIGTERM: the command gets it, and what was sampled is still reported."""
+    run = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--interval", "0.2", "--skip", "0", "--", sys.executable, "-c",
+         "import time; time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    time.sleep(2.0)
+    run.send_signal(signal.SIGTERM)
+    out, _ = run.communicate(timeout=30)
+    assert run.returncode == 128 + signal.SIGTERM  # the command's end, as a shell reports it
+    assert "| cores | pid | tid | thread | command |" in out and "(main)" in out
+
+
+def test_a_command_that_cannot_start_is_named():
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--", "/nonexistent/tool"], capture_output=True, text=True, timeout=30
+    )
+    assert run.returncode != 0 and "cannot start '/nonexistent/tool'" in run.stderr

@@ -81,9 +81,14 @@ def test_a_folder_whose_epoch_ends_inside_the_timed_steps_is_refused(throughput,
         for i in range(20):
             (tmp_path / "train" / f"c{c}" / f"{i}.JPEG").touch()
     (tmp_path / "train" / "c0" / "notes.txt").touch()  # not an image: not counted
+    (tmp_path / "train" / ".ipynb_checkpoints").mkdir()  # hidden: no class, as for the app's dataset
+    for i in range(30):
+        (tmp_path / "train" / ".ipynb_checkpoints" / f"{i}.JPEG").touch()
     throughput.check_epoch_room(str(tmp_path), gpus=1, batch=4, warmup=2, steps=11)  # 60 // 4 = 15 = 2 + 11 + 2
     with pytest.raises(SystemExit, match=r"60 training images give 7 batches of 4 per GPU and epoch on 2 GPU\(s\)"):
         throughput.check_epoch_room(str(tmp_path), gpus=2, batch=4, warmup=2, steps=11)
     with pytest.raises(SystemExit, match=r"would cross an epoch's end.* at least 120 images"):
         throughput.main(["--variants", "raw,app_folder_gpu@0.85", "--data", str(tmp_path), "--batch", "4",
                          "--warmup", "2", "--steps", "11", "--gpus", "1,2"])  # fmt: skip
+    with pytest.raises(SystemExit, match=r"no class folders in .*missing"):
+        throughput.check_epoch_room(str(tmp_path / "missing"), gpus=1, batch=4, warmup=2, steps=11)
