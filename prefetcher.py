@@ -16,7 +16,9 @@ loader it wraps: it calls ``set_epoch`` on the ``DistributedSampler`` through it
 
 from __future__ import annotations
 
+import ctypes
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -29,6 +31,22 @@ import torch
 #: ImageNet channel statistics on the 0..255 scale of the uint8 batches.
 IMAGENET_MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD_255 = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+#: The producer thread's name in the OS (at most 15 bytes): top, /proc, py-spy and Nsight Systems' thread rows show it.
+PRODUCER_THREAD_NAME = "prefetcher"
+
+
+def name_os_thread(name: str) -> None:
+    """Gives the calling thread ``name`` in the OS (Linux, cut to 15 bytes), so that tools outside Python tell it apart:
+    before Python 3.14 a ``threading.Thread``'s name stays inside Python and every thread shows the process's name.
+    Does nothing on other systems or where the call fails."""
+    if sys.platform != "linux":
+        return
+    try:
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # 15: PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 def normalize(
@@ -220,6 +238,7 @@ class DevicePrefetcher(LoaderProxy):
                     continue
 
         def produce() -> None:
+            name_os_thread(PRODUCER_THREAD_NAME)
             try:
                 with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
                     for batch in self.loader:

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+from pathlib import Path
+
 import pytest
 import torch
 from lightning_fabric.utilities.data import _set_sampler_epoch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from prefetcher import IMAGENET_MEAN_255, IMAGENET_STD_255, CopyEvents, DevicePrefetcher, SyntheticBatches
+from prefetcher import (
+    IMAGENET_MEAN_255,
+    IMAGENET_STD_255,
+    PRODUCER_THREAD_NAME,
+    CopyEvents,
+    DevicePrefetcher,
+    SyntheticBatches,
+    name_os_thread,
+)
 
 #: The ImageNet statistics on the 0..1 scale, as torchvision documents them.
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
@@ -209,3 +221,38 @@ def test_cuda_copy_timing_records_events_per_batch_on_the_side_stream(pin: bool)
         assert record.start.query() and record.copied.query() and record.done.query()
         assert record.start.elapsed_time(record.copied) >= 0 and record.copied.elapsed_time(record.done) >= 0
     assert [r.issued for r in timing] == sorted(r.issued for r in timing)
+
+
+def os_thread_name(native_id: int) -> str:
+    return Path(f"/proc/self/task/{native_id}/comm").read_text().strip()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="thread names in /proc")
+def test_a_thread_named_for_the_os_shows_its_name_in_proc() -> None:
+    seen = []
+
+    def run() -> None:
+        before = os_thread_name(threading.get_native_id())
+        name_os_thread("a-name-longer-than-15-bytes")
+        seen.append((before, os_thread_name(threading.get_native_id())))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    ((before, after),) = seen
+    assert before != after == "a-name-longer-t"  # the kernel keeps 15 bytes
+    assert os_thread_name(threading.get_native_id()) != after  # only the calling thread
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_producer_thread_has_its_os_name() -> None:
+    """With a decoder the batches come from a producer thread: Nsight Systems' thread rows and /proc name it."""
+    names = []
+
+    def decoder(images: torch.Tensor, device: torch.device) -> torch.Tensor:
+        names.append(os_thread_name(threading.get_native_id()))
+        return images.to(device, non_blocking=True).float()
+
+    batches = list(DevicePrefetcher(uint8_batches(3), "cuda", decoder=decoder))
+    assert len(batches) == 3 and names == [PRODUCER_THREAD_NAME] * 3
