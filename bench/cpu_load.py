@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         threads = thread_ticks(process_tree(proc.pid))
         now = time.monotonic()
-        first = first or (now, core_times(), core_mhz())
         last = (now, core_times(), core_mhz())
+        first = first or last
         for key, (name, ticks) in threads.items():
             # A thread counts from its first sample: what it ran before is not in the window.
             old = seen.get(key)

@@ -163,9 +163,10 @@ def main(argv: list[str] | None = None) -> None:
         return lambda: decode_jpeg(next(batches), mode=ImageReadMode.RGB, device=device)
 
     def own_calls(**options: bool) -> Callable[[], object]:
-        """nvjpeg_batched.BatchedDecoder on the next files, sized for the batch and 512 x 512 as the app sizes it."""
+        """nvjpeg_batched.BatchedDecoder on the next files, sized as the app sizes it (batch, PREALLOCATE_SIDE)."""
         batches = iter([[next(samples) for _ in range(n)] for n in counts])
-        decoder = BatchedDecoder(device, a.batch, 512, 512, **options)
+        side = gpu_decode.PREALLOCATE_SIDE
+        decoder = BatchedDecoder(device, a.batch, side, side, **options)
 
         def call() -> object:
             batch = next(batches)

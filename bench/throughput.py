@@ -255,9 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     folders = [v for v in a.variants.split(",") if v.startswith("app_folder")]
     if folders and not a.data:
         sys.exit("app_folder needs --data PATH (an ImageNet-layout JPEG folder: bench/make_jpeg_folder.py)")
-    if folders:
-        for gpus in gpu_counts:
-            check_epoch_room(a.data, gpus, a.batch, a.warmup, a.steps)
+    if folders:  # the most GPUs give each the fewest batches an epoch: one count of the folder, one check
+        check_epoch_room(a.data, max(gpu_counts), a.batch, a.warmup, a.steps)
     for gpus in gpu_counts:
         for variant in a.variants.split(","):
             cmd = [sys.executable, __file__, *args, "--child", variant]
