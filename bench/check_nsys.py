@@ -7,8 +7,10 @@
 
 For every process in the report it verifies: exactly the ``step N`` ranges asked for, each with ``forward``,
 ``backward`` and ``optimizer`` children (and ``data`` when the loader fetches), and every CUDA kernel launched
-inside one of the step ranges (by the time of its launch API call, on any thread of the process: autograd runs the
-backward pass on its own thread). Prints a JSON summary; exits 1 when a check fails.
+inside a range (by the time of its launch API call, on any thread of the process: autograd runs the backward pass
+on its own thread): a step range, or one of the app's ranges of the work between steps (``validation``, ``epoch
+end``: a window that crosses an epoch's end holds them), counted apart. Prints a JSON summary; exits 1 when a check
+fails.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from bisect import bisect_right
 from collections import defaultdict
 
 REQUIRED_CHILDREN = ("forward", "backward", "optimizer")
+#: callbacks/profiler_window.py's ranges between two steps (VALIDATION, EPOCH_END).
+BETWEEN_STEPS = ("validation", "epoch end")
 
 
 def _tables(db: sqlite3.Connection) -> set[str]:
@@ -94,11 +98,18 @@ def check(path: str, steps: range, processes: int) -> dict:
                 children_ok = False
                 missing[int(n.split()[1])] = lacking
         starts = [s for s, _, _ in step_ranges]
+        between = sorted((s, e, n) for s, e, n in ranges if n in BETWEEN_STEPS)
         outside = 0
+        in_between: dict[str, int] = defaultdict(int)
         for t in launches[pid]:
             i = bisect_right(starts, t) - 1
-            if i < 0 or t > step_ranges[i][1]:
+            if i >= 0 and t <= step_ranges[i][1]:
+                continue
+            name = next((n for s, e, n in between if s <= t <= e), None)
+            if name is None:
                 outside += 1
+            else:
+                in_between[name] += 1
         process_ok = found == list(steps) and children_ok and outside == 0 and len(launches[pid]) > 0
         ok &= process_ok
         report["processes"][pid] = {
@@ -107,7 +118,8 @@ def check(path: str, steps: range, processes: int) -> dict:
             "missing_children": missing,
             "data_ranges": sum(1 for _, _, n in ranges if n == "data"),
             "kernels": len(launches[pid]),
-            "kernels_outside_step_ranges": outside,
+            "kernels_between_steps": dict(in_between),
+            "kernels_outside_ranges": outside,
             # Informational: the window's last step synchronizes once on purpose (before cudaProfilerStop).
             "host_syncs": dict(syncs.get(pid, {})),
             "ok": process_ok,

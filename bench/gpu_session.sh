@@ -15,11 +15,10 @@
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 # report2  : the same on 2 GPUs (DDP): one report with both ranks; SHARE sets data.cpu_decode_share of both (default 0)
 # ddp-P    : bench/throughput.py on 1 and all GPUs of the machine (torchrun): raw loop, app synthetic, app nvJPEG
-#            folder; scaling. Workers: cores per GPU minus two (the split decode on 2 GPUs sharing 32 cores gave 0.53
-#            of synthetic with 16 workers per GPU and 0.655 with 14; not explained, see bench/RESULTS.md)
+#            folder; scaling. Workers: cores per GPU minus two (two left for each rank's training thread and producer)
 # cpuload-P: bench/cpu_load.py around bench/throughput.py on all GPUs (torchrun, cores per GPU minus two workers,
 #            VARIANTS default app_folder_gpu@0.85): per-core load and clock, the busiest threads (main, producer,
-#            workers) of every rank, for the 2-GPU JPEG collapse
+#            workers) of every rank
 # VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
 # LAUNCHER=lightning runs the ddp stage's app rows under Lightning's own launcher instead of torchrun.
 # The JPEG folder holds at least 40,000 training images: the 20 + 50 steps of batch 256 stay inside each GPU's first

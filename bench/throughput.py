@@ -22,6 +22,9 @@ Variants:
     app_folder_gpu_pageable@S  the same, with the finished crops copied to the GPU from pageable memory as before
                    they were staged in page-locked memory (gpu_decode._staged bypassed): that change side by side
     app_folder_gpu_preallocated[@S]  app_folder_gpu[@S] with data.nvjpeg=preallocated (nvjpeg_batched.py's decoder)
+    APP_VARIANT+OPTION[+OPTION]  an app variant with options of torch's DistributedDataParallel (under DDP only):
+                   +bucket_view (gradient_as_bucket_view: gradients are views into the all-reduce buckets, no copy),
+                   +static_graph, +bucket_mb=N (bucket_cap_mb, torch's default 25), e.g. app_synthetic+bucket_view
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
@@ -54,9 +57,33 @@ VARIANTS = (
 )
 
 
+DDP_OPTIONS = ("bucket_view", "static_graph", "bucket_mb=N")
+
+
+def ddp_options(variant: str) -> tuple[str, dict]:
+    """``app_synthetic+bucket_view+bucket_mb=50`` -> ``("app_synthetic", {"gradient_as_bucket_view": True,
+    "bucket_cap_mb": 50.0})``: the variant without its options, and the keyword arguments for torch's DDP."""
+    variant, *options = variant.split("+")
+    if options and not variant.startswith("app_"):
+        raise ValueError(f"DDP options {'+'.join(options)!r}: only app variants take them, not {variant!r}")
+    kwargs: dict = {}
+    for option in options:
+        key, eq, value = option.partition("=")
+        if option == "bucket_view":
+            kwargs["gradient_as_bucket_view"] = True
+        elif option == "static_graph":
+            kwargs["static_graph"] = True
+        elif key == "bucket_mb" and eq and value.replace(".", "", 1).isdigit() and float(value) > 0:
+            kwargs["bucket_cap_mb"] = float(value)
+        else:
+            raise ValueError(f"unknown DDP option {option!r} in {variant}+...; valid: {', '.join(DDP_OPTIONS)} (N > 0)")
+    return variant, kwargs
+
+
 def split_variant(variant: str) -> tuple[str, float]:
-    """``app_folder_gpu@0.7`` -> ``("app_folder_gpu", 0.7)``; any other variant has a CPU decode share of 0."""
-    name, at, share = variant.partition("@")
+    """``app_folder_gpu@0.7`` -> ``("app_folder_gpu", 0.7)``; any other variant has a CPU decode share of 0.
+    DDP options after ``+`` are checked and left out (``ddp_options``)."""
+    name, at, share = ddp_options(variant)[0].partition("@")
     if name not in VARIANTS or (at and not name.startswith("app_folder_gpu")):
         raise ValueError(
             f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, app_folder_gpu[_pageable|_preallocated]@SHARE"
@@ -126,6 +153,7 @@ def run_raw(a: argparse.Namespace) -> dict:
 def run_app(a: argparse.Namespace, variant: str) -> dict:
     import pytorch_lightning as pl
     import torch
+    from pytorch_lightning.strategies import DDPStrategy
 
     sys.path.insert(0, str(ROOT))
     from step_clock import StepClock  # bench/, this script's folder
@@ -138,6 +166,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = a.precision != "fp32"
 
     name, cpu_share = split_variant(variant)
+    ddp_kwargs = ddp_options(variant)[1]
     folder = name.startswith("app_folder")
     if name.endswith("_pageable"):
         import gpu_decode
@@ -166,13 +195,16 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
     timer = StepClock(a.warmup, a.warmup + a.steps)
     # As train.py always has it: it also replaces Lightning's per-step sigterm broadcast, a host sync under DDP.
     callbacks: list[pl.Callback] = [timer, PreemptionHandler()]
-    if variant == "app_nvtx":
+    if name == "app_nvtx":
         callbacks.append(ProfilerWindow(start_step=10**9, nvtx=True))
     gpus = int(os.environ.get("BENCH_GPUS", "1"))
+    strategy: str | DDPStrategy = "auto"
+    if gpus > 1:
+        strategy = DDPStrategy(**ddp_kwargs) if ddp_kwargs else "ddp"
     trainer = pl.Trainer(
         accelerator="gpu",
         devices=gpus,
-        strategy="ddp" if gpus > 1 else "auto",
+        strategy=strategy,
         precision=PRECISIONS[a.precision],
         max_steps=a.warmup + a.steps,
         limit_val_batches=0,
@@ -253,12 +285,18 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         sys.exit(f"--variants: {error}")
     folders = [v for v in a.variants.split(",") if v.startswith("app_folder")]
+    if max(gpu_counts) == 1 and "+" in a.variants:
+        sys.exit("--variants: DDP options (+...) need --gpus with a count above 1")
     if folders and not a.data:
         sys.exit("app_folder needs --data PATH (an ImageNet-layout JPEG folder: bench/make_jpeg_folder.py)")
     if folders:  # the most GPUs give each the fewest batches an epoch: one count of the folder, one check
         check_epoch_room(a.data, max(gpu_counts), a.batch, a.warmup, a.steps)
     for gpus in gpu_counts:
         for variant in a.variants.split(","):
+            base = ddp_options(variant)[0]
+            if gpus == 1 and base != variant and (base, 1) in rows:
+                rows[variant, 1] = rows[base, 1]  # one GPU runs without DDP: the options change nothing there
+                continue
             cmd = [sys.executable, __file__, *args, "--child", variant]
             if gpus > 1 and (variant == "raw" or a.launcher == "torchrun"):
                 cmd = [

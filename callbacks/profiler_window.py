@@ -17,6 +17,13 @@ Range layout of one optimizer step (gradient accumulation repeats data/forward/b
 after the optimizer step. Lightning fetches one batch ahead, so the ``data`` range of step N fetches the batch of
 step N+1, exactly like the original loop's ``prefetcher.next()`` at the end of its body.
 
+Between two steps, what runs is named too, so that no kernel of a window that crosses an epoch's end is left
+without a range::
+
+    validation   a validation pass during fit (the epoch's end, or val_check_interval), its checkpoint included
+    epoch end    from the train epoch-end hooks to the next epoch's first fetch: epoch metrics reduced across ranks,
+                 the epoch's checkpoint, the learning-rate schedule, the next epoch's sampler and loader start
+
 With ``report`` on (the default), every window also ends with a step-time report (``step_report.py``): per step and
 phase on the host and the GPU, per rank, and whether the input copies overlap compute, written to
 ``<run folder>/step_report/window_<A>-<B>.{json,md,png}`` with a short summary printed on rank 0.
@@ -46,6 +53,9 @@ except ImportError:  # pragma: no cover
 
 #: Suffix of the action Lightning's training loop reports to ``trainer.profiler`` around each batch fetch.
 FETCH_ACTION = ".train_dataloader_next"
+#: The NVTX ranges of what runs between two training steps (bench/check_nsys.py accepts kernels inside them).
+VALIDATION = "validation"
+EPOCH_END = "epoch end"
 
 
 class _FetchObserver(Profiler):
@@ -259,6 +269,7 @@ class ProfilerWindow(Callback):
     def _on_fetch_start(self) -> None:
         trainer = self._trainer
         if trainer is not None and trainer.training:
+            self._close_between_steps()
             self._begin_step(trainer)
             self.ranges.push("data")
             self._mark("data", True)
@@ -277,6 +288,7 @@ class ProfilerWindow(Callback):
     ) -> None:
         if not self.enabled:
             return
+        self._close_between_steps()  # a loader that Lightning does not see fetching: the step starts here
         self._begin_step(trainer)
         self.ranges.push("forward")
         if self.timer.active and self._step is not None:
@@ -324,7 +336,29 @@ class ProfilerWindow(Callback):
                 self.timer.end_phases(self._step)
 
     @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Only inside fit, between training steps: a standalone validate/test is no training timeline. The range
+        # stays open past on_validation_end, where the checkpoint callbacks (called after this one) save.
+        if self.enabled and trainer.state.fn == "fit" and not trainer.sanity_checking and self._step is None:
+            self.ranges.push(VALIDATION)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning runs this hook of ordinary callbacks before the module's and the checkpoints' (monitoring
+        # callbacks come last), so the range holds the epoch's checkpoint and its metric reduction; it closes at the
+        # next fetch, or when training ends.
+        if self.enabled and self._step is None:
+            self._close_between_steps()
+            self.ranges.push(EPOCH_END)
+
+    def _close_between_steps(self) -> None:
+        self.ranges.pop_if_top(EPOCH_END)
+        self.ranges.pop_if_top(VALIDATION)
+
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.enabled:
+            self._close_between_steps()
         # A window cut short by the end of training: close it as a full one would be (its Kineto trace exported, the
         # CUDA profiler stopped once its work ran) and report the steps it holds. Every rank gets here at the same
         # step (training ends together), so the report's gather is safe; after an exception it is not, and

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
+from core_probes import QUIET
 from profiling_helpers import ddp_synthetic_args, fit_with_window
 
 import callbacks.ranges
@@ -67,10 +68,57 @@ def test_step_ranges_nest_phases_in_order_and_exit_after_the_window(tmp_path, re
         trainer = fit(tmp_path, ProfilerWindow(start_step=2, num_steps=2), max_steps=10)
     assert trainer.global_step == 4  # steps 0..3 ran; exit_after stopped right after the window (steps 2, 3)
     tree = recorder.tree()
-    assert [name for name, _ in tree] == ["step 0", "step 1", "step 2", "step 3"]
-    for name, children in tree:
+    # Lightning ends the epoch after the stop too (its hooks, metrics, checkpoint): that is named as well.
+    assert [name for name, _ in tree] == ["step 0", "step 1", "step 2", "step 3", "epoch end"]
+    for name, children in tree[:-1]:
         assert [c for c, _ in children] == ["data", "forward", "backward", "optimizer"], name
         assert all(grandchildren == [] for _, grandchildren in children)
+    assert recorder.balanced()
+
+
+def test_work_between_steps_is_named_validation_and_epoch_end(tmp_path, recorder):
+    """A window across epoch ends: validation (with the checkpoint it triggers) and the epoch's end get their own
+    ranges, so every kernel of the capture has a range (the 4-GPU nsys check found 48 a rank without one)."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from datamodule import ImageNetDataModule
+    from imagenet_module import ImageNetClassifier
+
+    window = ProfilerWindow(start_step=1, num_steps=5)
+    saved_inside: dict[str, list[list[str]]] = {"train epoch end": [], "validation end": []}
+
+    class RecordingCheckpoint(ModelCheckpoint):
+        def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+            when = "train epoch end" if self._save_on_train_epoch_end else "validation end"
+            saved_inside[when].append(window.ranges.names)
+            super()._save_checkpoint(trainer, filepath)
+
+    data = ImageNetDataModule(
+        root=str(tmp_path), source="synthetic", batch_size=4, workers=0, crop_size=32, synthetic_num_classes=10,
+        synthetic_train_steps=3, synthetic_val_steps=1,
+    )  # fmt: skip
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
+    # Lightning's two moments to save: at the train epoch's end (its default with validation every epoch) and at
+    # the validation's end; checkpoint callbacks run after every other callback's hook.
+    class AtEpochEnd(RecordingCheckpoint):  # a class each: Lightning keys checkpoint callbacks by class and options
+        pass
+
+    at_epoch_end = AtEpochEnd(dirpath=tmp_path / "a", save_top_k=-1, save_on_train_epoch_end=True)
+    at_validation_end = RecordingCheckpoint(dirpath=tmp_path / "b", save_top_k=-1, save_on_train_epoch_end=False)
+    kwargs = {**QUIET, "enable_checkpointing": True}
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=20, limit_val_batches=1, num_sanity_val_steps=1,
+        callbacks=[at_epoch_end, at_validation_end, window], default_root_dir=str(tmp_path), **kwargs,
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match="not CUDA"):
+        trainer.fit(model, data)
+    assert trainer.global_step == 6  # exit_after: the window's steps 1..5, then stop
+    top = [name for name, _ in recorder.tree()]
+    # Epochs of 3 steps: validation then the epoch's end after steps 2 and 5; the sanity check has no range.
+    assert top == ["step 0", "step 1", "step 2", "validation", "epoch end", "step 3", "step 4", "step 5", "epoch end"]
+    # Each save inside a range; after the stop the epoch still ends (and saves), but exit_after skips validation.
+    assert saved_inside == {"train epoch end": [["epoch end"]] * 2, "validation end": [["validation"]]}
+    assert all(children == [] for name, children in recorder.tree() if not name.startswith("step"))
     assert recorder.balanced()
 
 
@@ -78,8 +126,8 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path, recorder):
     trainer = fit(tmp_path, ProfilerWindow(start_step=1, num_steps=1), max_steps=10, accumulate=2)
     assert trainer.global_step == 2
     tree = recorder.tree()
-    assert [name for name, _ in tree] == ["step 0", "step 1"]
-    for _, children in tree:
+    assert [name for name, _ in tree] == ["step 0", "step 1", "epoch end"]
+    for _, children in tree[:-1]:
         names = [c for c, _ in children]
         assert names == ["data", "forward", "backward", "data", "forward", "backward", "optimizer"]
 
@@ -88,7 +136,7 @@ def test_data_range_wraps_the_real_loader_fetch(tmp_path, recorder):
     root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=4, val_per_class=2, image_size=40)
     trainer = fit(tmp_path, ProfilerWindow(start_step=1, num_steps=2), max_steps=10, folder=root)
     assert trainer.global_step == 3
-    assert [[c for c, _ in children][0] for _, children in recorder.tree()] == ["data"] * 3
+    assert [[c for c, _ in children][0] for _, children in recorder.tree()[:-1]] == ["data"] * 3
 
 
 def test_emit_nvtx_is_entered_and_exited_only_around_the_window(tmp_path, recorder, monkeypatch):

@@ -67,6 +67,27 @@ def test_split_variants_carry_their_cpu_share_and_bad_ones_are_refused(throughpu
         throughput.main(["--variants", "raw,app_sythetic"])
 
 
+def test_ddp_options_become_ddp_keyword_arguments_and_bad_ones_are_refused(throughput) -> None:
+    assert throughput.ddp_options("app_synthetic") == ("app_synthetic", {})
+    assert throughput.ddp_options("app_synthetic+bucket_view+static_graph+bucket_mb=50") == (
+        "app_synthetic",
+        {"gradient_as_bucket_view": True, "static_graph": True, "bucket_cap_mb": 50.0},
+    )
+    assert throughput.split_variant("app_folder_gpu@0.85+bucket_view") == ("app_folder_gpu", 0.85)
+    for bad, message in [
+        ("raw+bucket_view", "only app variants take them, not 'raw'"),
+        ("app_synthetic+bucket", "unknown DDP option 'bucket' in app_synthetic"),
+        ("app_synthetic+bucket_mb=0", "unknown DDP option 'bucket_mb=0'.*N > 0"),
+        ("app_synthetic+bucket_mb=", "unknown DDP option 'bucket_mb='"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            throughput.ddp_options(bad)
+    with pytest.raises(SystemExit, match="--variants: unknown DDP option 'bucket'"):
+        throughput.main(["--gpus", "1,2", "--variants", "app_synthetic+bucket"])
+    with pytest.raises(SystemExit, match=r"DDP options \(\+\.\.\.\) need --gpus with a count above 1"):
+        throughput.main(["--variants", "app_synthetic,app_synthetic+bucket_view"])
+
+
 def test_compiled_runs_warm_up_longer_unless_told(throughput) -> None:
     assert throughput.parse([]).warmup == 20
     assert throughput.parse(["--compile"]).warmup == 60

@@ -1,0 +1,78 @@
+"""bench/check_nsys.py on a small SQLite file laid out as `nsys export --type sqlite` writes one: step ranges and
+their children, kernels inside steps, inside the ranges between steps, or outside every range."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+MS = 1_000_000  # nsys times are in ns
+PID = 7
+
+
+@pytest.fixture(scope="module")
+def checker(bench_script):
+    return bench_script("check_nsys")
+
+
+def tid(thread: int) -> int:
+    return (PID << 24) | thread  # nsys packs the process id above the thread id
+
+
+def write_report(path: Path, ranges: list[tuple[int, int, str]], launches_ms: list[float]) -> Path:
+    """One process: push/pop ranges (start ms, end ms, name) and one kernel per launch time (ms), launched from a
+    second thread as autograd's backward would be."""
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+    db.execute("CREATE TABLE NVTX_EVENTS (start INT, end INT, text TEXT, textId INT, eventType INT, globalTid INT)")
+    db.execute(
+        "CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INT, end INT, nameId INT, correlationId INT, globalTid INT)"
+    )
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (correlationId INT, globalPid INT)")
+    db.execute("INSERT INTO StringIds VALUES (0, 'cudaLaunchKernel_v7000')")
+    db.executemany(
+        "INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, NULL, 59, ?)", [(s * MS, e * MS, n, tid(1)) for s, e, n in ranges]
+    )
+    for i, t in enumerate(launches_ms):
+        db.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?)", (int(t * MS), int(t * MS) + 10, i, tid(2))
+        )
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?)", (i, PID << 24))
+    db.commit()
+    db.close()
+    return path
+
+
+def step(n: int, start: int) -> list[tuple[int, int, str]]:
+    """``step n`` over [start, start + 10] ms with its four children."""
+    return [(start, start + 10, f"step {n}"), (start, start + 1, "data"), (start + 1, start + 4, "forward"),
+            (start + 4, start + 8, "backward"), (start + 8, start + 10, "optimizer")]  # fmt: skip
+
+
+def test_kernels_between_steps_count_apart_and_only_unnamed_ones_fail(checker, tmp_path: Path) -> None:
+    ranges = step(20, 0) + [(10, 12, "validation"), (12, 15, "epoch end")] + step(21, 15)
+    ok = write_report(tmp_path / "ok.sqlite", ranges, [2, 5, 11, 13, 14, 20])
+    result = checker.check(str(ok), range(20, 22), processes=1)
+    process = result["processes"][PID]
+    assert result["ok"] and process["ok"]
+    assert process["steps"] == [20, 21] and process["children_ok"] and process["data_ranges"] == 2
+    assert process["kernels"] == 6
+    assert process["kernels_between_steps"] == {"validation": 1, "epoch end": 2}
+    assert process["kernels_outside_ranges"] == 0
+
+    # A kernel in the gap after the last step (no range at all) fails the check, as does a missing step.
+    bad = write_report(tmp_path / "bad.sqlite", ranges, [2, 26])
+    result = checker.check(str(bad), range(20, 23), processes=1)
+    process = result["processes"][PID]
+    assert not result["ok"] and process["kernels_outside_ranges"] == 1 and process["steps"] == [20, 21]
+
+
+def test_a_step_without_its_children_fails_and_main_exits_1(checker, tmp_path: Path, capsys) -> None:
+    ranges = step(20, 0) + [(15, 25, "step 21"), (15, 20, "forward")]  # step 21 lacks backward and optimizer
+    path = write_report(tmp_path / "r.sqlite", ranges, [2, 16])
+    assert checker.main([str(path), "--steps", "20-21"]) == 1
+    [result] = json.loads(capsys.readouterr().out)
+    assert result["processes"][str(PID)]["missing_children"] == {"21": ["backward", "optimizer"]}
