@@ -98,6 +98,7 @@ def test_work_between_steps_is_named_validation_and_epoch_end(tmp_path, recorder
         synthetic_train_steps=3, synthetic_val_steps=1,
     )  # fmt: skip
     model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
+
     # Lightning's two moments to save: at the train epoch's end (its default with validation every epoch) and at
     # the validation's end; checkpoint callbacks run after every other callback's hook.
     class AtEpochEnd(RecordingCheckpoint):  # a class each: Lightning keys checkpoint callbacks by class and options
