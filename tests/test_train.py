@@ -115,6 +115,29 @@ def test_config_instantiates(
     assert any(isinstance(c, ProfilerWindow) for c in cli.trainer.callbacks)
 
 
+def test_ddp_options_reach_torch_ddp_through_the_strategy_class(
+    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, main
+) -> None:
+    """README: ``--trainer.strategy DDPStrategy --trainer.strategy.gradient_as_bucket_view true`` (DDPStrategy passes
+    its extra keyword arguments to torch's DistributedDataParallel)."""
+    from pytorch_lightning.strategies import DDPStrategy
+
+    monkeypatch.chdir(tmp_path)
+    real_cli = train.ImageNetCLI
+    monkeypatch.setattr(train, "ImageNetCLI", lambda *a, **k: real_cli(*a, args=k.pop("args")[1:], run=False, **k))
+    cli = main(["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(shapes_root),
+                "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "DDPStrategy",
+                "--trainer.strategy.gradient_as_bucket_view", "true", "--trainer.strategy.static_graph", "true",
+                "--trainer.strategy.bucket_cap_mb", "50"])  # fmt: skip
+    strategy = cli.trainer.strategy
+    assert isinstance(strategy, DDPStrategy)
+    assert {k: strategy._ddp_kwargs[k] for k in ("gradient_as_bucket_view", "static_graph", "bucket_cap_mb")} == {
+        "gradient_as_bucket_view": True,
+        "static_graph": True,
+        "bucket_cap_mb": 50,
+    }
+
+
 # --- a short fit that learns, and evaluation of its checkpoint ---------------------------------------------------
 @pytest.fixture(scope="module")
 def trained(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory, tiny_args, main) -> dict:
