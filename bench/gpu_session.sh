@@ -14,6 +14,9 @@
 #            (data.cpu_decode_share: each of SHARES, space-separated, default "0.6 0.7 0.8")
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 # report2  : the same on 2 GPUs (DDP): one report with both ranks; SHARE sets data.cpu_decode_share of both (default 0)
+# report-synthetic, report2-synthetic: the same on synthetic data, the reference for the phases' GPU times (what the
+#            input path and DDP's all-reduce add to forward and backward); PRECISION sets trainer.precision of all
+#            four (default bf16-mixed)
 # ddp-P    : bench/throughput.py on 1 and all GPUs of the machine (torchrun): raw loop, app synthetic, app nvJPEG
 #            folder; scaling. Workers: cores per GPU minus two (two left for each rank's training thread and producer)
 # cpuload-P: bench/cpu_load.py around bench/throughput.py on all GPUs (torchrun, cores per GPU minus two workers,
@@ -69,13 +72,15 @@ for stage in "$@"; do
       --arch resnet50 --precision "$p" --channels-last --workers $((cores - 2)) --variants "${VARIANTS:-$variants}" \
       --data "$data" > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
-  report|report2)
-    jpegs; n=1; [ "$stage" = report2 ] && n=2
-    timeout "$limit" python3 train.py --config configs/resnet50_imagenet.yaml --data.root "$data" \
-      --data.workers $(($(nproc) / n)) --data.decode gpu --data.cpu_decode_share "${SHARE:-0}" --data.batch_size 256 --trainer.devices "$n" \
-      --trainer.max_steps 40 --trainer.enable_progress_bar false --trainer.default_root_dir "/tmp/${stage}_run" \
-      --trainer.logger.init_args.save_dir "/tmp/${stage}_run" --profile.start_step 20 --profile.num_steps 10 2>&1 \
-      | grep -A9 "step report," | tee "$out/$stage.txt"
+  report|report2|report-synthetic|report2-synthetic)
+    n=1; [ "${stage%-synthetic}" = report2 ] && n=2
+    if [ "${stage#*-}" = synthetic ]; then input=(--config configs/resnet50_synthetic.yaml)
+    else jpegs; input=(--config configs/resnet50_imagenet.yaml --data.root "$data" --data.workers $(($(nproc) / n))
+      --data.decode gpu --data.cpu_decode_share "${SHARE:-0}"); fi
+    timeout "$limit" python3 train.py "${input[@]}" --data.batch_size 256 --trainer.devices "$n" \
+      --trainer.precision "${PRECISION:-bf16-mixed}" --trainer.max_steps 40 --trainer.enable_progress_bar false \
+      --trainer.default_root_dir "/tmp/${stage}_run" --trainer.logger.init_args.save_dir "/tmp/${stage}_run" \
+      --profile.start_step 20 --profile.num_steps 10 2>&1 | grep -A9 "step report," | tee "$out/$stage.txt"
     # The report only: the run folder also holds ResNet-50 checkpoints, and is deeper than a device call returns.
     cp -r "$(ls -dt /tmp/"${stage}"_run/*/version_*/step_report | head -1)" "$out/${stage}_step_report" ;;
   ddp-*)
