@@ -12,6 +12,11 @@ import math
 from trace_summary import PHASES
 
 
+def between_text(gaps: list[dict]) -> str:
+    """The work between steps of a window: ``epoch end after step 24 (412.3 ms); ...``."""
+    return "; ".join(f"{g['what']} after step {g['after_step']} ({g['host_ms']:.1f} ms)" for g in gaps)
+
+
 def markdown(report: dict) -> str:
     """The readable report."""
     o, w = report["overall"], report["window"]
@@ -26,6 +31,8 @@ def markdown(report: dict) -> str:
         ("GPU busy", f"{100 * o['gpu_busy']:.1f}% ({o['gpu_busy_source']})" if o.get("gpu_busy") is not None else None),
         ("GPU behind host at step end (ms)", o.get("lag_ms")),
     ]
+    if o.get("between_steps"):
+        rows.append(("between steps (left out of images/s and GPU busy by events)", between_text(o["between_steps"])))
     if copies:
         rows += [
             ("H2D copies", f"{copies['count']} ({copies['source']}), {copies['time_ms']:.3f} ms"),

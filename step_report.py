@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from report_render import markdown, render_png
+from report_render import between_text, markdown, render_png
 from trace_summary import PHASES, TRACE_NAME_RE, copy_stats, load_trace, summarize_trace
 
 #: Thresholds of the verdict.
@@ -154,6 +154,7 @@ def build_report(summaries: Sequence[dict]) -> dict:
         "cuda": any(r.get("device", "").startswith("cuda") for r in ranks),
         "input": "/".join(sorted({r.get("input") or "unknown" for r in ranks})),
         "copies": overall_copies,
+        "between_steps": between_steps(ranks),
     }
     for clock in ("host", "gpu"):
         if ranks and all(clock in r["stats"]["clocks"] for r in ranks):
@@ -176,6 +177,17 @@ def build_report(summaries: Sequence[dict]) -> dict:
         "stragglers": slow,
         "ranks": ranks,
     }
+
+
+def between_steps(ranks: Sequence[dict]) -> list[dict]:
+    """The work between steps inside the window (validation, the epoch's end), each gap at its longest rank: left
+    out of images/s and of the GPU busy fraction measured with events, so that those describe the steps."""
+    longest: dict[tuple[int, str], float] = {}
+    for r in ranks:
+        for gap in r.get("between_steps") or ():
+            key = (gap["after_step"], gap["what"])
+            longest[key] = max(longest.get(key, 0.0), gap["host_ms"])
+    return [{"after_step": s, "what": w, "host_ms": ms} for (s, w), ms in sorted(longest.items())]
 
 
 def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
@@ -270,6 +282,8 @@ def summary_lines(report: dict) -> list[str]:
             split = " ".join(f"{p} {o[f'{clock}_pct'][p]:.1f}%" for p in PHASES)
             lines.append(f"  phases ({clock}): {split}")
     lines.append(f"  verdict: {report['verdict']}")
+    if o.get("between_steps"):
+        lines.append(f"  between steps, left out of img/s and GPU busy (events): {between_text(o['between_steps'])}")
     if report["stragglers"]:
         lines.append(
             "  stragglers: " + ", ".join(f"rank {s['rank']} (+{s['excess_pct']}%)" for s in report["stragglers"])

@@ -341,6 +341,7 @@ class ProfilerWindow(Callback):
         # stays open past on_validation_end, where the checkpoint callbacks (called after this one) save.
         if self.enabled and trainer.state.fn == "fit" and not trainer.sanity_checking and self._step is None:
             self.ranges.push(VALIDATION)
+            self._between_steps(trainer, VALIDATION)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -350,6 +351,12 @@ class ProfilerWindow(Callback):
         if self.enabled and self._step is None:
             self._close_between_steps()
             self.ranges.push(EPOCH_END)
+            self._between_steps(trainer, EPOCH_END)
+
+    def _between_steps(self, trainer: pl.Trainer, name: str) -> None:
+        # Inside a window the step report leaves this gap out of its wall time and GPU busy fraction and lists it.
+        if self.timer.active:
+            self.timer.between(trainer.global_step - 1, name)
 
     def _close_between_steps(self) -> None:
         self.ranges.pop_if_top(EPOCH_END)

@@ -65,6 +65,7 @@ class StepTimer:
         self._copies: list[CopyEvents] = []
         self._prefetchers: list[DevicePrefetcher] = []
         self._input = "other"
+        self._between: dict[int, list[str]] = {}  # step -> the work between it and the next step (epoch end, ...)
 
     # --- recording (inside the window only) ------------------------------------------------------------
     def start(self, trainer: pl.Trainer, window: tuple[int, int]) -> None:
@@ -107,6 +108,11 @@ class StepTimer:
         """Waits for all work on the device: the window's one sync (a test may substitute its own)."""
         torch.cuda.synchronize(self._device)
 
+    def between(self, after_step: int, name: str) -> None:
+        """Work that is no step ran after ``after_step`` (``validation``, ``epoch end``): the gap up to the next step
+        is left out of the window's wall time and GPU busy fraction, and listed apart."""
+        self._between.setdefault(after_step, []).append(name)
+
     def begin(self, step: int, name: str) -> None:
         self.mark(step, name, BEGIN)
 
@@ -130,13 +136,14 @@ class StepTimer:
         self._prefetchers = []
         self.active = False
         self._marks, self._copies, self._images, self._open = [], [], {}, set()
+        self._between = {}
 
     # --- the window's end -------------------------------------------------------------------------------
     def finish(self, trainer: pl.Trainer) -> dict:
         """Stops recording, synchronizes once and returns this rank's summary (see ``step_report.build_report``)."""
         for prefetcher in self._prefetchers:
             prefetcher.timing = None  # before the sync: a copy issued after it would still be in flight
-        marks, copies, images = self._marks, list(self._copies), self._images
+        marks, copies, images, between = self._marks, list(self._copies), self._images, self._between
         window = self.window
         cuda = self._cuda
         offset = 0.0
@@ -155,13 +162,25 @@ class StepTimer:
             gpu = [reference.elapsed_time(m[4]) for m in marks]
             offset = host_anchor * 1000 - reference.elapsed_time(anchor)  # host ms of the reference event
         steps = _steps(marks, host, gpu, images, offset)
+        # Gaps after a step that validation or the epoch's end followed: not the training loop's steady state (a
+        # checkpoint save alone can take seconds), so not counted as wall time or as the GPU idling.
+        gaps = [(a, b) for a, b in zip(steps, steps[1:], strict=False) if a["row"]["step"] in between]
+        left_out = sum(b["host"][0] - a["host"][1] for a, b in gaps)
         summary: dict[str, Any] = {
             "rank": trainer.global_rank,
             "device": str(self._device),
             "source": "events" if cuda else "host",
             "window": [window[0], window[1] - 1] if window else None,
             "steps": [s["row"] for s in steps],
-            "wall_ms": round(steps[-1]["host"][1] - steps[0]["host"][0], 4) if steps else 0.0,
+            "wall_ms": round(steps[-1]["host"][1] - steps[0]["host"][0] - left_out, 4) if steps else 0.0,
+            "between_steps": [
+                {
+                    "after_step": a["row"]["step"],
+                    "what": " + ".join(between[a["row"]["step"]]),
+                    "host_ms": round(b["host"][0] - a["host"][1], 4),
+                }
+                for a, b in gaps
+            ],
             "gpu_busy": None,
             "gpu_busy_source": None,
             "copies": None,
@@ -170,9 +189,11 @@ class StepTimer:
         if steps:
             summary["window"] = [steps[0]["row"]["step"], steps[-1]["row"]["step"]]
         if gpu is not None and steps:
-            span = steps[-1]["gpu"][1] - steps[0]["gpu"][0]
+            skipped = sum(max(0.0, b["gpu"][0] - a["gpu"][1]) for a, b in gaps)
+            span = steps[-1]["gpu"][1] - steps[0]["gpu"][0] - skipped
             stalled = sum(s["row"]["gpu"]["data"] for s in steps)
             stalled += sum(max(0.0, b["gpu"][0] - a["gpu"][1]) for a, b in zip(steps, steps[1:], strict=False))
+            stalled -= skipped
             summary["gpu_busy"] = round(max(0.0, 1 - stalled / span), 4) if span > 0 else None
             summary["gpu_busy_source"] = "events" if span > 0 else None
             # Until the GPU reaches the window's first event it still runs the steps before the window: compute too.

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
+from core_probes import QUIET
 from profiling_helpers import ddp_synthetic_args, fit_with_window
 
 import step_report
@@ -128,6 +129,33 @@ def test_events_give_known_phase_times_lag_busy_fraction_and_copy_overlap():
     assert summary["input"] == "prefetcher"
 
 
+def test_the_gap_of_an_epoch_end_is_left_out_of_wall_time_and_gpu_busy_and_listed(caplog):
+    fake = FakeDevice()
+    timer = StepTimer()
+    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    trainer = fake_trainer("cuda:0")
+    timer.start(trainer, (0, 3))
+    run_step(timer, fake, 0, [(0, 0), (1, 1), (3, 5), (5, 9), (6, 10)])
+    # The epoch's end (a checkpoint save) after step 0: 500 ms on the host, the GPU idle from 10 to 505.
+    timer.between(0, "epoch end")
+    run_step(timer, fake, 1, [(500, 505), (501, 506), (503, 510), (505, 514), (506, 515)])
+    # An ordinary 2 ms gap (the loop's own overhead) stays in both.
+    run_step(timer, fake, 2, [(508, 517), (509, 518), (511, 522), (513, 526), (514, 527)])
+    fake.at(600, 600)
+    summary = timer.finish(trainer)
+    # Wall: 0..514 less the 494 ms gap (6..500) = 20 ms; GPU span 0..527 less the gap 10..505 = 32 ms, of which
+    # data 1 + 1 + 1 ms and the 2 ms between steps 1 and 2 stalled.
+    assert summary["wall_ms"] == pytest.approx(20)
+    assert summary["between_steps"] == [{"after_step": 0, "what": "epoch end", "host_ms": pytest.approx(494)}]
+    assert summary["gpu_busy"] == round(27 / 32, 4)
+    report = step_report.build_report([summary])
+    assert report["overall"]["images_per_s"] == pytest.approx(12 / 0.020)
+    assert report["overall"]["between_steps"] == [{"after_step": 0, "what": "epoch end", "host_ms": 494.0}]
+    lines = step_report.summary_lines(report)
+    assert "  between steps, left out of img/s and GPU busy (events): epoch end after step 0 (494.0 ms)" in lines
+    assert "epoch end after step 0 (494.0 ms)" in step_report.markdown(report)
+
+
 @pytest.mark.parametrize(("decoder", "expected"), [(None, "prefetcher"), (lambda files, device: files, "gpu-decode")])
 def test_the_summary_names_the_input_path(decoder, expected):
     timer = StepTimer()
@@ -208,6 +236,32 @@ def test_window_writes_json_markdown_and_png_with_one_row_per_step(tmp_path, cap
     assert "# Step-time report: steps 2-4" in (folder / "window_2-4.md").read_text()
     assert (folder / "window_2-4.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "step report, steps 2-4, 1 rank(s)" in caplog.text and "verdict: CPU run" in caplog.text
+
+
+def test_a_window_across_validation_and_an_epoch_end_lists_them_and_leaves_them_out(tmp_path):
+    from datamodule import ImageNetDataModule
+    from imagenet_module import ImageNetClassifier
+
+    window = ProfilerWindow(start_step=1, num_steps=4)
+    data = ImageNetDataModule(
+        root=str(tmp_path), source="synthetic", batch_size=4, workers=0, crop_size=32, synthetic_num_classes=10,
+        synthetic_train_steps=3, synthetic_val_steps=2,
+    )  # fmt: skip
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=10, limit_val_batches=2, num_sanity_val_steps=0,
+        callbacks=[window], default_root_dir=str(tmp_path), **QUIET,
+    )  # fmt: skip
+    trainer.fit(model, data)
+    (rank,) = window.reports[0]["ranks"]
+    assert [s["step"] for s in rank["steps"]] == [1, 2, 3, 4]
+    (gap,) = rank["between_steps"]  # epochs of 3 steps: validation, then the epoch's end, after step 2
+    assert gap["after_step"] == 2 and gap["what"] == "validation + epoch end" and gap["host_ms"] > 0
+    steps = {s["step"]: s for s in rank["steps"]}
+    # The wall time holds the four steps and the ordinary gaps between them, not the validation pass.
+    assert sum(s["host"]["total"] for s in steps.values()) <= rank["wall_ms"] + 1e-3
+    assert rank["wall_ms"] < sum(s["host"]["total"] for s in steps.values()) + gap["host_ms"]
+    assert window.reports[0]["overall"]["between_steps"] == [gap]
 
 
 def test_gradient_accumulation_counts_every_micro_batch(tmp_path):
