@@ -9,8 +9,8 @@ For every process in the report it verifies: exactly the ``step N`` ranges asked
 ``backward`` and ``optimizer`` children (and ``data`` when the loader fetches), and every CUDA kernel launched
 inside a range (by the time of its launch API call, on any thread of the process: autograd runs the backward pass
 on its own thread): a step range, or one of the app's ranges of the work between steps (``validation``, ``epoch
-end``: a window that crosses an epoch's end holds them), counted apart. Prints a JSON summary; exits 1 when a check
-fails.
+end``, ``checkpoint``: a window that crosses an epoch's end holds them), counted apart by the innermost. Prints
+a JSON summary; exits 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from bisect import bisect_right
 from collections import defaultdict
 
 REQUIRED_CHILDREN = ("forward", "backward", "optimizer")
-#: callbacks/profiler_window.py's ranges between two steps (VALIDATION, EPOCH_END).
-BETWEEN_STEPS = ("validation", "epoch end")
+#: The app's ranges of work between two steps: callbacks/profiler_window.py's VALIDATION, EPOCH_END and
+#: callbacks/ranges.py's CHECKPOINT.
+BETWEEN_STEPS = ("validation", "epoch end", "checkpoint")
 
 
 def _tables(db: sqlite3.Connection) -> set[str]:
@@ -105,7 +106,8 @@ def check(path: str, steps: range, processes: int) -> dict:
             i = bisect_right(starts, t) - 1
             if i >= 0 and t <= step_ranges[i][1]:
                 continue
-            name = next((n for s, e, n in between if s <= t <= e), None)
+            # The innermost (latest-starting) range holding the launch: a save inside an epoch end is a checkpoint.
+            name = next((n for s, e, n in reversed(between) if s <= t <= e), None)
             if name is None:
                 outside += 1
             else:

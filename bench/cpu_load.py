@@ -11,8 +11,8 @@ COMMAND ends prints, over the sampled window:
   and command, thread name. A training process's main thread near 1.0 is bound by its own host work or the GIL, a
   loader worker near 1.0 by its decode; many cores near 100% with a falling clock point at the machine.
 
-It was written for the 2-GPU JPEG runs that reach 0.66 of synthetic data while one GPU reaches 0.95 on half the cores
-(bench/RESULTS.md): e.g. ``python bench/cpu_load.py --skip 60 -- python bench/throughput.py --gpus 2 ...``.
+For a multi-GPU JPEG run, for example (bench/RESULTS.md, seventh session):
+``python bench/cpu_load.py --skip 60 -- python bench/throughput.py --gpus 2 ...``.
 Exits with COMMAND's exit status (128 + N for signal N). On SIGTERM or Ctrl-C it passes the signal on and still
 reports. Threads of one Python process share its name (the app's producer thread names itself ``prefetcher``); the
 main thread is marked. The samples are ``--interval``

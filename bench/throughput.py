@@ -24,7 +24,8 @@ Variants:
     app_folder_gpu_preallocated[@S]  app_folder_gpu[@S] with data.nvjpeg=preallocated (nvjpeg_batched.py's decoder)
     APP_VARIANT+OPTION[+OPTION]  an app variant with options of torch's DistributedDataParallel (under DDP only):
                    +bucket_view (gradient_as_bucket_view: gradients are views into the all-reduce buckets, no copy),
-                   +static_graph, +bucket_mb=N (bucket_cap_mb, torch's default 25), e.g. app_synthetic+bucket_view
+                   +static_graph, +bucket_mb=N (bucket_cap_mb, torch's default 25), e.g. app_synthetic+bucket_view;
+                   on 1 GPU (no DDP) such a variant listed after its base shows the base's row, marked "(= base)"
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
@@ -295,7 +296,8 @@ def main(argv: list[str] | None = None) -> None:
         for variant in a.variants.split(","):
             base = ddp_options(variant)[0]
             if gpus == 1 and base != variant and (base, 1) in rows:
-                rows[variant, 1] = rows[base, 1]  # one GPU runs without DDP: the options change nothing there
+                # One GPU runs without DDP: the options change nothing there, so the row is the base variant's.
+                rows[variant, 1] = {**rows[base, 1], "same_as": base}
                 continue
             cmd = [sys.executable, __file__, *args, "--child", variant]
             if gpus > 1 and (variant == "raw" or a.launcher == "torchrun"):
@@ -337,8 +339,9 @@ def table(rows: dict[tuple[str, int], dict], config: str) -> list[str]:
         )
         mem = f"{r['peak_mem_gib'] / base['peak_mem_gib']:.3f}" if base else "-"
         scaling = f"{r['img_s'] / (gpus * one['img_s']):.3f}" if one and gpus > 1 else "-"
+        name = f"{variant} (= {r['same_as']})" if r.get("same_as") else variant
         lines.append(
-            f"| {variant} | {gpus} | {r['img_s']:,.0f} | {r['ms_per_step']} | {ratio} | {vs_synthetic} | {scaling} "
+            f"| {name} | {gpus} | {r['img_s']:,.0f} | {r['ms_per_step']} | {ratio} | {vs_synthetic} | {scaling} "
             f"| {r['peak_mem_gib']:.2f} | {mem} |"
         )
     return lines

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Verifies the profiling window in real Nsight Systems reports (run on a GPU machine, from the project root).
-#   bash bench/verify_profiling.sh OUTDIR [single|windows|lightning2|torchrun2|ncu ...]
-# single     : 1 process, ResNet-50 on JPEGs, window at step 20 for 10 steps, nsys --capture-range=cudaProfilerApi
+#   bash bench/verify_profiling.sh OUTDIR [single|epoch|windows|lightning2|torchrun2|torchrunN|ncu ...]
+# single     : 1 process, ResNet-50 on the generated shapes JPEGs, window at step 20 for 10 steps,
+#              nsys --capture-range=cudaProfilerApi
+# epoch      : the same with 25 batches an epoch and validation on: the window crosses validation, a checkpoint and
+#              an epoch's end after step 24 (their kernels must sit in the validation / checkpoint / epoch end ranges)
 # windows    : two windows (steps 20-24 and 40-44) with --capture-range-end=repeat
 # lightning2 : 2 GPUs through Lightning's own launcher: one report holding both ranks
 # torchrun2  : 2 GPUs through torchrun, one report per rank (%q{RANK})
@@ -25,6 +28,11 @@ for stage in "$@"; do
     run nsys export --type sqlite --force-overwrite true -o "$out/single.sqlite" "$out/single.nsys-rep" >/dev/null
     run python3 bench/check_nsys.py "$out/single.sqlite" --steps 20-29
     nsys stats --report nvtx_sum --format csv "$out/single.nsys-rep" 2>/dev/null | head -12 ;;
+  epoch)
+    run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/epoch" python3 train.py "${common[@]}" \
+      --data.batch_size 160 --trainer.limit_val_batches 2 --profile.start_step 20 --profile.num_steps 10
+    run nsys export --type sqlite --force-overwrite true -o "$out/epoch.sqlite" "$out/epoch.nsys-rep" >/dev/null
+    run python3 bench/check_nsys.py "$out/epoch.sqlite" --steps 20-29 ;;
   windows)
     run nsys profile "${nsys_flags[@]}" --capture-range-end=repeat -o "$out/windows" \
       python3 train.py "${common[@]}" --profile.start_step '[20,40]' --profile.num_steps 5

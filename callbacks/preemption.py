@@ -80,6 +80,8 @@ from pytorch_lightning.strategies.launchers.subprocess_script import _Subprocess
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from pytorch_lightning.utilities.rank_zero import rank_prefixed_message
 
+from callbacks.ranges import checkpoint_range
+
 try:
     from typing_extensions import override
 except ImportError:  # pragma: no cover
@@ -326,7 +328,8 @@ class PreemptionHandler(Callback):
         name = signal.Signals(signum).name
         rank_zero_info(f"preemption: {name}: saving {path} at step {trainer.global_step}")
         # The full training state; every rank calls it (it ends with a barrier), rank 0 writes.
-        trainer.save_checkpoint(path, weights_only=False)
+        with checkpoint_range():
+            trainer.save_checkpoint(path, weights_only=False)
         self.stopped_at_step = trainer.global_step
         self.checkpoint_path = str(path)
         self.exit_code = 0 if _is_lightning_child(trainer) else 128 + signum

@@ -20,9 +20,13 @@ step N+1, exactly like the original loop's ``prefetcher.next()`` at the end of i
 Between two steps, what runs is named too, so that no kernel of a window that crosses an epoch's end is left
 without a range::
 
-    validation   a validation pass during fit (the epoch's end, or val_check_interval), its checkpoint included
+    validation   a validation pass during fit (the epoch's end, or val_check_interval), its checkpoint included;
+                 inside ``step N`` when it comes in the middle of an accumulated step
     epoch end    from the train epoch-end hooks to the next epoch's first fetch: epoch metrics reduced across ranks,
-                 the epoch's checkpoint, the learning-rate schedule, the next epoch's sampler and loader start
+                 the epoch's checkpoint, the next epoch's sampler (the loader's refill shows in that epoch's first
+                 ``data`` range, where the prefetcher starts it)
+    checkpoint   every save of the app's checkpoint callbacks and of the preemption handler (callbacks/ranges.py),
+                 also the ones after a step (``every_n_train_steps``), which run once the step's range has closed
 
 With ``report`` on (the default), every window also ends with a step-time report (``step_report.py``): per step and
 phase on the host and the GPU, per rank, and whether the input copies overlap compute, written to
@@ -98,8 +102,8 @@ class ProfilerWindow(Callback):
             one window per entry (use ``nsys --capture-range-end=repeat``). ``null`` turns profiling off.
         num_steps: Optimizer steps per window.
         ranks: Global ranks that open the CUDA profiler window (and write Kineto traces); ``null`` means all.
-        exit_after: After the last window every rank stops at the same step, skips the validation and checkpoint
-            that would follow, and the process exits 0.
+        exit_after: After the last window every rank stops at the same step, skips the validation (and its
+            checkpoint) that would follow, and the process exits 0; the epoch still ends, with its own checkpoint.
         nvtx: NVTX ranges ``step N`` > ``data``/``forward``/``backward``/``optimizer`` around every step (not only
             inside the window; they cost well under 1% of a step).
         emit_nvtx: ``torch.autograd.profiler.emit_nvtx`` inside the window: one NVTX range per autograd op (large
@@ -263,7 +267,7 @@ class ProfilerWindow(Callback):
             if self.exit_after and step == self.windows[-1][1] - 1:
                 rank_zero_info(f"profile: last window done at step {step}; stopping every rank here (exit_after)")
                 trainer.should_stop = True
-                # What would follow is a validation pass and a checkpoint nobody profiles; skip both.
+                # What would follow is a validation pass nobody profiles (and its checkpoint); skip it.
                 trainer.limit_val_batches = 0
 
     def _on_fetch_start(self) -> None:
@@ -339,9 +343,10 @@ class ProfilerWindow(Callback):
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Only inside fit, between training steps: a standalone validate/test is no training timeline. The range
         # stays open past on_validation_end, where the checkpoint callbacks (called after this one) save.
-        if self.enabled and trainer.state.fn == "fit" and not trainer.sanity_checking and self._step is None:
-            self.ranges.push(VALIDATION)
-            self._between_steps(trainer, VALIDATION)
+        if self.enabled and trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self.ranges.push(VALIDATION)  # nested in the step when it runs inside an accumulated step
+            if self._step is None:
+                self._between_steps(trainer, VALIDATION)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

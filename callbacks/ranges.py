@@ -7,6 +7,8 @@ pushed corrupts their nesting) and no less (an unpopped range swallows the rest 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,3 +74,18 @@ class RangeStack:
             entry.kineto.__exit__(None, None, None)
         if self.enabled:
             nvtx.pop_range()
+
+
+#: The range around every checkpoint save of the app (ResumableCheckpoint, the preemption save): it runs where no step
+#: range is open (checkpoint callbacks run after the step closes), with the device-to-host copies of the whole state.
+CHECKPOINT = "checkpoint"
+
+
+@contextmanager
+def checkpoint_range() -> Iterator[None]:
+    """An NVTX range ``checkpoint`` around a save, balanced also when the save raises."""
+    nvtx.push_range(CHECKPOINT)
+    try:
+        yield
+    finally:
+        nvtx.pop_range()

@@ -33,6 +33,8 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from callbacks.ranges import checkpoint_range
+
 try:
     from typing_extensions import override
 except ImportError:  # pragma: no cover
@@ -74,3 +76,9 @@ class ResumableCheckpoint(ModelCheckpoint):
         if trainer.global_step == self._step_before_batch:
             return  # a micro-batch inside an accumulated step: the optimizer did not step, there is nothing to save
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    @override
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        # Named on the timeline: a save runs after the step's range has closed, and copies the whole state to the host.
+        with checkpoint_range():
+            super()._save_checkpoint(trainer, filepath)

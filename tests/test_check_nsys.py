@@ -53,14 +53,15 @@ def step(n: int, start: int) -> list[tuple[int, int, str]]:
 
 
 def test_kernels_between_steps_count_apart_and_only_unnamed_ones_fail(checker, tmp_path: Path) -> None:
-    ranges = step(20, 0) + [(10, 12, "validation"), (12, 15, "epoch end")] + step(21, 15)
-    ok = write_report(tmp_path / "ok.sqlite", ranges, [2, 5, 11, 13, 14, 20])
+    # A checkpoint save inside the epoch's end: its kernel counts as the checkpoint's (the innermost range).
+    ranges = step(20, 0) + [(10, 12, "validation"), (12, 15, "epoch end"), (13, 14, "checkpoint")] + step(21, 15)
+    ok = write_report(tmp_path / "ok.sqlite", ranges, [2, 5, 11, 12.5, 13.5, 20])
     result = checker.check(str(ok), range(20, 22), processes=1)
     process = result["processes"][PID]
     assert result["ok"] and process["ok"]
     assert process["steps"] == [20, 21] and process["children_ok"] and process["data_ranges"] == 2
     assert process["kernels"] == 6
-    assert process["kernels_between_steps"] == {"validation": 1, "epoch end": 2}
+    assert process["kernels_between_steps"] == {"validation": 1, "epoch end": 1, "checkpoint": 1}
     assert process["kernels_outside_ranges"] == 0
 
     # A kernel in the gap after the last step (no range at all) fails the check, as does a missing step.

@@ -79,15 +79,14 @@ def test_step_ranges_nest_phases_in_order_and_exit_after_the_window(tmp_path, re
 def test_work_between_steps_is_named_validation_and_epoch_end(tmp_path, recorder):
     """A window across epoch ends: validation (with the checkpoint it triggers) and the epoch's end get their own
     ranges, so every kernel of the capture has a range (the 4-GPU nsys check found 48 a rank without one)."""
-    from pytorch_lightning.callbacks import ModelCheckpoint
-
+    from callbacks.resumable_checkpoint import ResumableCheckpoint
     from datamodule import ImageNetDataModule
     from imagenet_module import ImageNetClassifier
 
     window = ProfilerWindow(start_step=1, num_steps=5)
     saved_inside: dict[str, list[list[str]]] = {"train epoch end": [], "validation end": []}
 
-    class RecordingCheckpoint(ModelCheckpoint):
+    class RecordingCheckpoint(ResumableCheckpoint):  # the app's checkpoint class
         def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
             when = "train epoch end" if self._save_on_train_epoch_end else "validation end"
             saved_inside[when].append(window.ranges.names)
@@ -119,8 +118,37 @@ def test_work_between_steps_is_named_validation_and_epoch_end(tmp_path, recorder
     assert top == ["step 0", "step 1", "step 2", "validation", "epoch end", "step 3", "step 4", "step 5", "epoch end"]
     # Each save inside a range; after the stop the epoch still ends (and saves), but exit_after skips validation.
     assert saved_inside == {"train epoch end": [["epoch end"]] * 2, "validation end": [["validation"]]}
-    assert all(children == [] for name, children in recorder.tree() if not name.startswith("step"))
+    # Each save is also a `checkpoint` range of its own (ResumableCheckpoint), inside the range it runs in.
+    between = [(name, [c for c, _ in children]) for name, children in recorder.tree() if not name.startswith("step")]
+    assert between == [("validation", ["checkpoint"]), ("epoch end", ["checkpoint"]), ("epoch end", ["checkpoint"])]
     assert recorder.balanced()
+
+
+def test_validation_inside_an_accumulated_step_nests_in_it_and_validate_alone_has_no_range(tmp_path, recorder):
+    from datamodule import ImageNetDataModule
+    from imagenet_module import ImageNetClassifier
+
+    def run(window: ProfilerWindow, **trainer_kwargs: Any) -> pl.Trainer:
+        data = ImageNetDataModule(
+            root=str(tmp_path), source="synthetic", batch_size=4, workers=0, crop_size=32, synthetic_num_classes=10,
+            synthetic_train_steps=6, synthetic_val_steps=1,
+        )  # fmt: skip
+        model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, num_sanity_val_steps=0, callbacks=[window],
+                             default_root_dir=str(tmp_path), **QUIET, **trainer_kwargs)  # fmt: skip
+        trainer.fit(model, data) if "max_steps" in trainer_kwargs else trainer.validate(model, data)
+        return trainer
+
+    # Two micro-batches a step, validation every 3 batches: after the first micro-batch of step 1.
+    run(ProfilerWindow(start_step=1, num_steps=2, report=False), max_steps=3, accumulate_grad_batches=2,
+        val_check_interval=3, limit_val_batches=1)  # fmt: skip
+    tree = dict(recorder.tree())
+    assert [c for c, _ in tree["step 1"]] == ["data", "forward", "backward", "validation", "data", "forward",
+                                              "backward", "optimizer"]  # fmt: skip
+    assert recorder.balanced()
+    recorder.events.clear()
+    run(ProfilerWindow(start_step=0), limit_val_batches=1)  # trainer.validate: no training timeline, no range
+    assert recorder.events == []
 
 
 def test_gradient_accumulation_counts_optimizer_steps(tmp_path, recorder):

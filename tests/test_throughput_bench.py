@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 
@@ -86,6 +88,38 @@ def test_ddp_options_become_ddp_keyword_arguments_and_bad_ones_are_refused(throu
         throughput.main(["--gpus", "1,2", "--variants", "app_synthetic+bucket"])
     with pytest.raises(SystemExit, match=r"DDP options \(\+\.\.\.\) need --gpus with a count above 1"):
         throughput.main(["--variants", "app_synthetic,app_synthetic+bucket_view"])
+
+
+def test_an_option_variant_reuses_its_base_row_on_one_gpu_and_runs_under_ddp(throughput, monkeypatch, capsys) -> None:
+    import subprocess
+    from types import SimpleNamespace
+
+    runs = []
+    img_s = {
+        ("app_synthetic", "1"): 6000.0,
+        ("app_synthetic", "2"): 11300.0,
+        ("app_synthetic+bucket_view", "2"): 11500.0,
+    }
+
+    def fake_run(cmd, capture_output, text, env):  # noqa: ANN001
+        variant = cmd[cmd.index("--child") + 1]
+        runs.append((variant, env["BENCH_GPUS"], "torch.distributed.run" in cmd))
+        result = {"img_s": img_s[variant, env["BENCH_GPUS"]], "ms_per_step": 1.0, "peak_mem_gib": 11.0}
+        return SimpleNamespace(returncode=0, stdout="RESULT " + json.dumps(result) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    throughput.main(
+        ["--gpus", "1,2", "--launcher", "torchrun", "--variants", "app_synthetic,app_synthetic+bucket_view"]
+    )
+    # Three runs, not four: on one GPU there is no DDP for the option to change.
+    assert runs == [
+        ("app_synthetic", "1", False),
+        ("app_synthetic", "2", True),
+        ("app_synthetic+bucket_view", "2", True),
+    ]
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| app")]
+    assert table[1].startswith("| app_synthetic+bucket_view (= app_synthetic) | 1 | 6,000 |")
+    assert table[3].startswith("| app_synthetic+bucket_view | 2 | 11,500 |") and "| 0.958 |" in table[3]
 
 
 def test_compiled_runs_warm_up_longer_unless_told(throughput) -> None:
