@@ -213,7 +213,9 @@ class StepTimer:
                 rank_zero_info(f"profile: step report: the Kineto trace {trace} is not usable ({error})")
             else:
                 summary["source"] += "+kineto"
-                if exact["gpu_busy"] is not None:
+                # The trace's busy fraction spans the whole window; with validation or an epoch's end inside it, the
+                # events' figure, which leaves that gap out, describes the steps.
+                if exact["gpu_busy"] is not None and not summary.get("between_steps"):
                     summary["gpu_busy"], summary["gpu_busy_source"] = exact["gpu_busy"], "kineto"
                 if exact["copies"] is not None:
                     summary["copies"] = exact["copies"]

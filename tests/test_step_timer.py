@@ -129,7 +129,7 @@ def test_events_give_known_phase_times_lag_busy_fraction_and_copy_overlap():
     assert summary["input"] == "prefetcher"
 
 
-def test_the_gap_of_an_epoch_end_is_left_out_of_wall_time_and_gpu_busy_and_listed(caplog):
+def test_the_gap_of_an_epoch_end_is_left_out_of_wall_time_and_gpu_busy_and_listed(tmp_path, monkeypatch):
     fake = FakeDevice()
     timer = StepTimer()
     timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
@@ -154,6 +154,16 @@ def test_the_gap_of_an_epoch_end_is_left_out_of_wall_time_and_gpu_busy_and_liste
     lines = step_report.summary_lines(report)
     assert "  between steps, left out of img/s and GPU busy (events): epoch end after step 0 (494.0 ms)" in lines
     assert "epoch end after step 0 (494.0 ms)" in step_report.markdown(report)
+    # A Kineto trace's busy fraction spans the gap: with one in the window, the events' figure stays.
+    trace = tmp_path / "rank0.pt.trace.json"
+    trace.write_text("{}")
+    exact = {"gpu_busy": 0.5, "gpu_busy_source": "kineto", "copies": None}
+    monkeypatch.setattr(trace_summary, "summarize_trace", lambda *args, **kwargs: exact)
+    result, _ = timer.report(trainer, dict(summary), tmp_path / "report", trace)
+    assert result["overall"]["gpu_busy"] == round(27 / 32, 4) and result["overall"]["gpu_busy_source"] == "events"
+    assert result["ranks"][0]["source"] == "events+kineto"
+    result, _ = timer.report(trainer, {**summary, "between_steps": []}, tmp_path / "report", trace)
+    assert result["overall"]["gpu_busy"] == 0.5  # no gap: the trace's kernel-exact figure
 
 
 @pytest.mark.parametrize(("decoder", "expected"), [(None, "prefetcher"), (lambda files, device: files, "gpu-decode")])
