@@ -14,8 +14,9 @@ Range layout of one optimizer step (gradient accumulation repeats data/forward/b
     └── optimizer  gradient unscale/clip hooks, optimizer.step(), scaler update
 
 ``step N`` opens where Lightning starts fetching the step's batch, so the fetch belongs to the step, and closes
-after the optimizer step. Lightning fetches one batch ahead, so the ``data`` range of step N fetches the batch of
-step N+1, exactly like the original loop's ``prefetcher.next()`` at the end of its body.
+after the optimizer step. Lightning does not fetch ahead from a loader with a length (the app's are), so the
+``data`` range of step N takes batch N from the prefetcher, which copied it during step N-1, and issues the copy of
+batch N+1: the prefetcher works one batch ahead, like the original loop's ``prefetcher.next()``.
 
 Between two steps, what runs is named too, so that no kernel of a window that crosses an epoch's end is left
 without a range::
@@ -47,7 +48,7 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.profilers import Profiler
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
-from callbacks.ranges import RangeStack
+from callbacks.ranges import CHECKPOINT, RangeStack
 from callbacks.step_timer import StepTimer
 
 try:
@@ -347,6 +348,13 @@ class ProfilerWindow(Callback):
             self.ranges.push(VALIDATION)  # nested in the step when it runs inside an accumulated step
             if self._step is None:
                 self._between_steps(trainer, VALIDATION)
+
+    @override
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        # Every save (every rank dumps the state) between steps, e.g. every_n_train_steps after a step has closed, is
+        # a gap the step report leaves out; one inside validation or an epoch's end joins that gap's name.
+        if self.enabled and self._step is None:
+            self._between_steps(trainer, CHECKPOINT)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

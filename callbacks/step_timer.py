@@ -217,7 +217,7 @@ class StepTimer:
                 # events' figure, which leaves that gap out, describes the steps.
                 if exact["gpu_busy"] is not None and not summary.get("between_steps"):
                     summary["gpu_busy"], summary["gpu_busy_source"] = exact["gpu_busy"], "kineto"
-                if exact["copies"] is not None:
+                if exact["copies"] is not None and not summary.get("between_steps"):  # the trace's hold the gap's
                     summary["copies"] = exact["copies"]
         summaries = [summary]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

@@ -39,9 +39,11 @@ def fit_with_window(
     accumulate: int = 1,
     extra: tuple | list = (),
     folder: Path | None = None,
+    checkpointing: bool = False,
 ) -> pl.Trainer:
     """resnet18 on the CPU for ``max_steps`` steps of 4 images (synthetic, or the JPEG ``folder``) with ``window``
-    (a ProfilerWindow) and ``extra`` callbacks; no validation."""
+    (a ProfilerWindow) and ``extra`` callbacks; no validation; ``checkpointing`` for checkpoint callbacks in
+    ``extra``."""
     from datamodule import ImageNetDataModule
     from imagenet_module import ImageNetClassifier
 
@@ -65,7 +67,7 @@ def fit_with_window(
         accumulate_grad_batches=accumulate,
         callbacks=[window, *extra],
         default_root_dir=str(tmp_path),
-        **QUIET,
+        **{**QUIET, "enable_checkpointing": checkpointing},
     )
     trainer.fit(model, data)
     return trainer

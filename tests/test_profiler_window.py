@@ -151,6 +151,14 @@ def test_validation_inside_an_accumulated_step_nests_in_it_and_validate_alone_ha
     assert recorder.events == []
 
 
+def test_the_checkpoint_range_is_balanced_when_a_save_raises(recorder):
+    from callbacks.ranges import checkpoint_range
+
+    with pytest.raises(OSError, match="disk full"), checkpoint_range():
+        raise OSError(28, "disk full")
+    assert recorder.events == [("push", "checkpoint"), ("pop", None)]
+
+
 def test_gradient_accumulation_counts_optimizer_steps(tmp_path, recorder):
     trainer = fit(tmp_path, ProfilerWindow(start_step=1, num_steps=1), max_steps=10, accumulate=2)
     assert trainer.global_step == 2

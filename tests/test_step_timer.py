@@ -274,6 +274,23 @@ def test_a_window_across_validation_and_an_epoch_end_lists_them_and_leaves_them_
     assert window.reports[0]["overall"]["between_steps"] == [gap]
 
 
+def test_a_save_every_n_steps_inside_the_window_is_a_listed_gap(tmp_path):
+    from callbacks.resumable_checkpoint import ResumableCheckpoint
+
+    class SlowSave(ResumableCheckpoint):
+        def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+            super()._save_checkpoint(trainer, filepath)
+            time.sleep(0.3)  # a large model's save: no step, and not the GPU idling
+
+    window = ProfilerWindow(start_step=1, num_steps=3)
+    save = SlowSave(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    fit(tmp_path, window, max_steps=10, extra=[save], checkpointing=True)
+    (rank,) = window.reports[0]["ranks"]
+    (gap,) = rank["between_steps"]  # saved at global_step 2: after step 1, once that step's range has closed
+    assert gap["after_step"] == 1 and gap["what"] == "checkpoint" and gap["host_ms"] >= 300
+    assert rank["wall_ms"] < sum(s["host"]["total"] for s in rank["steps"]) + 300
+
+
 def test_gradient_accumulation_counts_every_micro_batch(tmp_path):
     window = ProfilerWindow(start_step=1, num_steps=2)
     fit(tmp_path, window, accumulate=2)

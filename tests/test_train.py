@@ -115,7 +115,7 @@ def test_config_instantiates(
     assert any(isinstance(c, ProfilerWindow) for c in cli.trainer.callbacks)
 
 
-def test_ddp_options_reach_torch_ddp_through_the_strategy_class(
+def test_ddp_options_reach_the_strategy_s_ddp_keyword_arguments(
     shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, main
 ) -> None:
     """README: ``--trainer.strategy DDPStrategy --trainer.strategy.gradient_as_bucket_view true`` (DDPStrategy passes
