@@ -109,8 +109,8 @@ class StepTimer:
         torch.cuda.synchronize(self._device)
 
     def between(self, after_step: int, name: str) -> None:
-        """Work that is no step ran after ``after_step`` (``validation``, ``epoch end``): the gap up to the next step
-        is left out of the window's wall time and GPU busy fraction, and listed apart."""
+        """Work that is no step ran after ``after_step`` (``validation``, ``epoch end``, ``checkpoint``): the gap up
+        to the next step is left out of the window's wall time and GPU busy fraction, and listed apart."""
         self._between.setdefault(after_step, []).append(name)
 
     def begin(self, step: int, name: str) -> None:
@@ -162,8 +162,8 @@ class StepTimer:
             gpu = [reference.elapsed_time(m[4]) for m in marks]
             offset = host_anchor * 1000 - reference.elapsed_time(anchor)  # host ms of the reference event
         steps = _steps(marks, host, gpu, images, offset)
-        # Gaps after a step that validation or the epoch's end followed: not the training loop's steady state (a
-        # checkpoint save alone can take seconds), so not counted as wall time or as the GPU idling.
+        # Gaps after a step that validation, the epoch's end or a save followed: not the training loop's steady state
+        # (a checkpoint save alone can take seconds), so not counted as wall time or as the GPU idling.
         gaps = [(a, b) for a, b in zip(steps, steps[1:], strict=False) if a["row"]["step"] in between]
         left_out = sum(b["host"][0] - a["host"][1] for a, b in gaps)
         summary: dict[str, Any] = {
