@@ -342,8 +342,8 @@ class ProfilerWindow(Callback):
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Only inside fit, between training steps: a standalone validate/test is no training timeline. The range
-        # stays open past on_validation_end, where the checkpoint callbacks (called after this one) save.
+        # Only inside fit: a standalone validate/test is no training timeline. The range stays open past
+        # on_validation_end, where the checkpoint callbacks (called after this one) save.
         if self.enabled and trainer.state.fn == "fit" and not trainer.sanity_checking:
             self.ranges.push(VALIDATION)  # nested in the step when it runs inside an accumulated step
             if self._step is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 from core_probes import QUIET
@@ -40,10 +41,15 @@ def fit_with_window(
     extra: tuple | list = (),
     folder: Path | None = None,
     checkpointing: bool = False,
+    train_steps: int = 20,
+    val_batches: int = 0,
+    stage: str = "fit",
+    **trainer_kwargs: Any,
 ) -> pl.Trainer:
-    """resnet18 on the CPU for ``max_steps`` steps of 4 images (synthetic, or the JPEG ``folder``) with ``window``
-    (a ProfilerWindow) and ``extra`` callbacks; no validation; ``checkpointing`` for checkpoint callbacks in
-    ``extra``."""
+    """resnet18 on the CPU for ``max_steps`` steps of 4 images (synthetic, ``train_steps`` batches an epoch, or the
+    JPEG ``folder``) with ``window`` (a ProfilerWindow) and ``extra`` callbacks; ``val_batches`` validation batches
+    (none by default); ``checkpointing`` for checkpoint callbacks in ``extra``; ``stage`` ``validate`` runs
+    ``trainer.validate`` instead of fit; ``trainer_kwargs`` go to the Trainer."""
     from datamodule import ImageNetDataModule
     from imagenet_module import ImageNetClassifier
 
@@ -56,18 +62,23 @@ def fit_with_window(
         val_resize_size=36,
         val_crop_size=32,
         synthetic_num_classes=10,
-        synthetic_train_steps=20,
+        synthetic_train_steps=train_steps,
+        synthetic_val_steps=max(1, val_batches),
     )
     model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
     trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=max_steps,
-        limit_val_batches=0,
-        accumulate_grad_batches=accumulate,
-        callbacks=[window, *extra],
-        default_root_dir=str(tmp_path),
-        **{**QUIET, "enable_checkpointing": checkpointing},
+        **{
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": max_steps,
+            "limit_val_batches": val_batches,
+            "accumulate_grad_batches": accumulate,
+            "callbacks": [window, *extra],
+            "default_root_dir": str(tmp_path),
+            **QUIET,
+            "enable_checkpointing": checkpointing,
+            **trainer_kwargs,
+        }
     )
-    trainer.fit(model, data)
+    (trainer.fit if stage == "fit" else trainer.validate)(model, data)
     return trainer

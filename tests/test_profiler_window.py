@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from core_probes import QUIET
 from profiling_helpers import ddp_synthetic_args, fit_with_window
 
 import callbacks.ranges
@@ -80,8 +79,6 @@ def test_work_between_steps_is_named_validation_and_epoch_end(tmp_path, recorder
     """A window across epoch ends: validation (with the checkpoint it triggers) and the epoch's end get their own
     ranges, so every kernel of the capture has a range (the 4-GPU nsys check found 48 a rank without one)."""
     from callbacks.resumable_checkpoint import ResumableCheckpoint
-    from datamodule import ImageNetDataModule
-    from imagenet_module import ImageNetClassifier
 
     window = ProfilerWindow(start_step=1, num_steps=5)
     saved_inside: dict[str, list[list[str]]] = {"train epoch end": [], "validation end": []}
@@ -92,12 +89,6 @@ def test_work_between_steps_is_named_validation_and_epoch_end(tmp_path, recorder
             saved_inside[when].append(window.ranges.names)
             super()._save_checkpoint(trainer, filepath)
 
-    data = ImageNetDataModule(
-        root=str(tmp_path), source="synthetic", batch_size=4, workers=0, crop_size=32, synthetic_num_classes=10,
-        synthetic_train_steps=3, synthetic_val_steps=1,
-    )  # fmt: skip
-    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
-
     # Lightning's two moments to save: at the train epoch's end (its default with validation every epoch) and at
     # the validation's end; checkpoint callbacks run after every other callback's hook.
     class AtEpochEnd(RecordingCheckpoint):  # a class each: Lightning keys checkpoint callbacks by class and options
@@ -105,13 +96,9 @@ def test_work_between_steps_is_named_validation_and_epoch_end(tmp_path, recorder
 
     at_epoch_end = AtEpochEnd(dirpath=tmp_path / "a", save_top_k=-1, save_on_train_epoch_end=True)
     at_validation_end = RecordingCheckpoint(dirpath=tmp_path / "b", save_top_k=-1, save_on_train_epoch_end=False)
-    kwargs = {**QUIET, "enable_checkpointing": True}
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=20, limit_val_batches=1, num_sanity_val_steps=1,
-        callbacks=[at_epoch_end, at_validation_end, window], default_root_dir=str(tmp_path), **kwargs,
-    )  # fmt: skip
     with pytest.warns(UserWarning, match="not CUDA"):
-        trainer.fit(model, data)
+        trainer = fit(tmp_path, window, max_steps=20, extra=[at_epoch_end, at_validation_end], checkpointing=True,
+                      train_steps=3, val_batches=1, num_sanity_val_steps=1)  # fmt: skip
     assert trainer.global_step == 6  # exit_after: the window's steps 1..5, then stop
     top = [name for name, _ in recorder.tree()]
     # Epochs of 3 steps: validation then the epoch's end after steps 2 and 5; the sanity check has no range.
@@ -125,29 +112,16 @@ def test_work_between_steps_is_named_validation_and_epoch_end(tmp_path, recorder
 
 
 def test_validation_inside_an_accumulated_step_nests_in_it_and_validate_alone_has_no_range(tmp_path, recorder):
-    from datamodule import ImageNetDataModule
-    from imagenet_module import ImageNetClassifier
-
-    def run(window: ProfilerWindow, **trainer_kwargs: Any) -> pl.Trainer:
-        data = ImageNetDataModule(
-            root=str(tmp_path), source="synthetic", batch_size=4, workers=0, crop_size=32, synthetic_num_classes=10,
-            synthetic_train_steps=6, synthetic_val_steps=1,
-        )  # fmt: skip
-        model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
-        trainer = pl.Trainer(accelerator="cpu", devices=1, num_sanity_val_steps=0, callbacks=[window],
-                             default_root_dir=str(tmp_path), **QUIET, **trainer_kwargs)  # fmt: skip
-        trainer.fit(model, data) if "max_steps" in trainer_kwargs else trainer.validate(model, data)
-        return trainer
-
     # Two micro-batches a step, validation every 3 batches: after the first micro-batch of step 1.
-    run(ProfilerWindow(start_step=1, num_steps=2, report=False), max_steps=3, accumulate_grad_batches=2,
-        val_check_interval=3, limit_val_batches=1)  # fmt: skip
+    fit(tmp_path, ProfilerWindow(start_step=1, num_steps=2, report=False), max_steps=3, accumulate=2, train_steps=6,
+        val_batches=1, val_check_interval=3, num_sanity_val_steps=0)  # fmt: skip
     tree = dict(recorder.tree())
     assert [c for c, _ in tree["step 1"]] == ["data", "forward", "backward", "validation", "data", "forward",
                                               "backward", "optimizer"]  # fmt: skip
     assert recorder.balanced()
     recorder.events.clear()
-    run(ProfilerWindow(start_step=0), limit_val_batches=1)  # trainer.validate: no training timeline, no range
+    # trainer.validate: no training timeline, no range
+    fit(tmp_path, ProfilerWindow(start_step=0), max_steps=1, val_batches=1, stage="validate")
     assert recorder.events == []
 
 

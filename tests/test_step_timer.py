@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from core_probes import QUIET
 from profiling_helpers import ddp_synthetic_args, fit_with_window
 
 import step_report
@@ -249,20 +248,8 @@ def test_window_writes_json_markdown_and_png_with_one_row_per_step(tmp_path, cap
 
 
 def test_a_window_across_validation_and_an_epoch_end_lists_them_and_leaves_them_out(tmp_path):
-    from datamodule import ImageNetDataModule
-    from imagenet_module import ImageNetClassifier
-
     window = ProfilerWindow(start_step=1, num_steps=4)
-    data = ImageNetDataModule(
-        root=str(tmp_path), source="synthetic", batch_size=4, workers=0, crop_size=32, synthetic_num_classes=10,
-        synthetic_train_steps=3, synthetic_val_steps=2,
-    )  # fmt: skip
-    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=4)
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=10, limit_val_batches=2, num_sanity_val_steps=0,
-        callbacks=[window], default_root_dir=str(tmp_path), **QUIET,
-    )  # fmt: skip
-    trainer.fit(model, data)
+    fit(tmp_path, window, max_steps=10, train_steps=3, val_batches=2, num_sanity_val_steps=0)
     (rank,) = window.reports[0]["ranks"]
     assert [s["step"] for s in rank["steps"]] == [1, 2, 3, 4]
     (gap,) = rank["between_steps"]  # epochs of 3 steps: validation, then the epoch's end, after step 2
