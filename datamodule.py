@@ -524,7 +524,11 @@ class ImageNetDataModule(pl.LightningDataModule):
     def _wrap(
         self, loader: DataLoader, size: int, split: str, prefetcher: type[DevicePrefetcher] = DevicePrefetcher
     ) -> DevicePrefetcher:
-        decoder = partial(decode_batch, size=size, nvjpeg=self.hparams.nvjpeg) if self.gpu_decode else None
+        decoder = None
+        if self.gpu_decode:
+            # Decoded straight into the model's memory format: normalizing then needs no second batch-sized buffer.
+            memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
+            decoder = partial(decode_batch, size=size, nvjpeg=self.hparams.nvjpeg, memory_format=memory_format)
         counted = BadImageCounter(loader, split)  # callbacks.bad_images.BadImageCount logs its per-epoch count
         wrapped = prefetcher(
             counted, self._device(), IMAGENET_MEAN_255, IMAGENET_STD_255, self.channels_last, decoder=decoder

@@ -31,20 +31,26 @@ The crop, resize and flip of a batch are a fixed handful of launches, not a few 
 replaces (crop, cast, flip, ``F.interpolate`` per sample, ~6 ops each, ~1,500 per batch of 256) held the GIL on the
 prefetcher's producer thread against the training thread's own launches. Now (:func:`decode_crop_resize`):
 
-1. gather: every crop of the batch, padded to the largest, into one uint8 ``(n, Hp, 3, Wp)`` tensor. The decoded images
-   are concatenated into one flat buffer (one ``torch.cat``) and one index op reads row ``y`` of channel ``c`` of crop
-   ``i`` from a sliding-window view of that buffer (``unfold``: one index per row, not per pixel).
+1. gather: the crops of a group (below), padded to the group's largest, into one uint8 ``(n, Hp, 3, Wp)`` tensor. The
+   group's decoded images are concatenated into one flat buffer (one ``torch.cat``) and one index op reads row ``y``
+   of channel ``c`` of crop ``i`` from a sliding-window view of that buffer (``unfold``: one index per row, not per
+   pixel).
 2. resize: antialiased bilinear resizing is separable, ``out = Wy @ crop @ Wx^T`` with a ``(size, Hp)`` and a
    ``(size, Wp)`` weight matrix per crop, so two batched matmuls (fp16 on the GPU, fp32 accumulation) resize the
-   whole batch. The weights are those of ``F.interpolate(mode="bilinear", antialias=True)``: a triangle of half-width
+   whole group. The weights are those of ``F.interpolate(mode="bilinear", antialias=True)``: a triangle of half-width
    ``max(1, crop_side / size)`` around each output pixel's center, cut at the crop's edges and normalized; zero past a
    crop's own height and width, so whatever the padding holds adds nothing and nothing outside the crop is read.
    Upscaling (a crop smaller than ``size``) is plain bilinear with ``align_corners=False``, as in torchvision.
 3. flip: the flipped samples' ``Wx`` has its rows reversed, which mirrors the output: no launch at all.
+4. write: each group's crops go straight into their rows of the batch (:func:`decode_batch` allocates it in the
+   model's memory format, so the prefetcher's normalization works in place).
 
-A batch whose padded tensor would exceed ``max_padded_pixels`` is split into groups of crops of similar size, and a
-crop larger than that on its own takes the per-image path (:func:`decode_crop_resize_reference`, kept as the
-reference of the tests and the benchmark, ``bench/decode_bench.py``).
+A batch whose padded tensor would exceed ``max_padded_pixels`` is split into groups of crops of similar size (less
+padding, and one group's buffers at a time: on an H200 the stage's peak fell from 856 to 436 MiB for a batch of 256,
+and the app's peak with ``decode: gpu`` from 1.08-1.10 to 1.05 of the plain loop, for about 1 ms more a group;
+bench/RESULTS.md, eighth session), and a crop larger than that on its own takes the per-image path
+(:func:`decode_crop_resize_reference`, kept as the reference of the tests and the benchmark,
+``bench/decode_bench.py``).
 """
 
 from __future__ import annotations
@@ -84,11 +90,14 @@ NVJPEG_BINDINGS = ("torchvision", "preallocated")
 #: Smallest side the preallocated decoder sizes its buffers for (most photo collections stay within it).
 PREALLOCATE_SIDE = 512
 
-#: Pixels (crops x padded height x padded width) of one group of the batched resize: 256 crops of 512 x 512, about
-#: 200 MB of uint8 plus 400 MB of fp16 on the GPU while a batch is resized. Larger batches go in several groups.
-MAX_PADDED_PIXELS = 256 * 512 * 512
+#: Pixels (crops x padded height x padded width) of one group of the batched resize: 64 crops of 512 x 512, about
+#: 50 MB of uint8 plus 100 MB of fp16 on the GPU while a group is resized. A batch over it goes in groups of crops of
+#: similar size, which also pad less: for 256 RandomResizedCrops of 300-500 px images, 3 groups and 35 M padded pixels
+#: instead of one group of 56 M (the whole batch padded to its largest crop), for about ten more launches a group.
+MAX_PADDED_PIXELS = 64 * 512 * 512
 
-# Columns of the per-crop table that the batched path copies to the device in one transfer.
+# Columns of the per-crop table that the batched path copies to the device in one transfer (_SOURCE: the sample's
+# position in the batch, where its crop goes).
 _OFFSET, _WIDTH, _PLANE, _TOP, _LEFT, _CROP_H, _CROP_W, _FLIP, _SOURCE = range(9)
 
 
@@ -286,10 +295,15 @@ def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[PackedBatch, 
 
 
 def decode_batch(
-    images: PackedBatch, device: torch.device | str, size: int, nvjpeg: str = "torchvision"
+    images: PackedBatch,
+    device: torch.device | str,
+    size: int,
+    nvjpeg: str = "torchvision",
+    memory_format: torch.memory_format = torch.contiguous_format,
 ) -> torch.Tensor:
     """The prefetcher's decoder: the batch's finished crops copied, the other samples decoded and cropped
-    (:func:`decode_crop_resize`, with ``nvjpeg``); float32 ``(N, 3, size, size)`` on 0..255, finished crops first.
+    (:func:`decode_crop_resize`, with ``nvjpeg``); float32 ``(N, 3, size, size)`` on 0..255, finished crops first,
+    in ``memory_format`` (the model's: the prefetcher's normalization then needs no copy of the batch).
 
     The host buffer of a :class:`PackedBatch` is handed to :func:`release_later` (``data`` is left empty once it is
     released).
@@ -298,13 +312,14 @@ def decode_batch(
     if images.finished and images.size != size:
         raise ValueError(f"finished crops are {images.size}x{images.size}, expected {size}x{size}")
     finished, samples = images.unpack()
-    out = torch.empty((images.finished + len(images.table), 3, size, size), dtype=torch.float32, device=device)
+    shape = (images.finished + len(images.table), 3, size, size)
+    out = torch.empty(shape, dtype=torch.float32, device=device, memory_format=memory_format)
     if images.finished:
         # The cast in the copy into ``out``: no float32 temporary (a uint8 one on the device).
         out[: images.finished].copy_(_staged(finished, device).to(device, non_blocking=True))
     if samples:
         capacity = images.finished + len(images.table)  # the batch: the most JPEGs a later call may bring
-        out[images.finished :].copy_(decode_crop_resize(samples, device, size, nvjpeg=nvjpeg, capacity=capacity))
+        decode_crop_resize(samples, device, size, nvjpeg=nvjpeg, capacity=capacity, out=out[images.finished :])
     del finished, samples  # views of the buffer: its release must drop the last reference
     release_later(images.data, device)
     return out
@@ -399,11 +414,12 @@ def decode_crop_resize(
     device: torch.device | str,
     size: int,
     *,
-    max_padded_pixels: int = MAX_PADDED_PIXELS,
+    max_padded_pixels: int | None = None,
     gather: str = "strided",
     dtype: torch.dtype | None = None,
     nvjpeg: str = "torchvision",
     capacity: int = 0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decodes, crops, resizes and flips a batch on ``device``; returns float32 ``(N, 3, size, size)`` on 0..255.
 
@@ -416,7 +432,7 @@ def decode_crop_resize(
         device: Where to decode and resize.
         size: Output side.
         max_padded_pixels: Bound of ``crops x padded height x padded width`` of one group of the batched resize; a
-            crop larger than this alone is resized on its own (the per-image path).
+            crop larger than this alone is resized on its own (the per-image path). Default :data:`MAX_PADDED_PIXELS`.
         gather: How the crops reach the padded tensor: ``strided`` (one concatenation and one index op) or ``copy``
             (one copy per crop; kept for the benchmark's comparison).
         dtype: Of the padded crops and the matmuls: default float16 on CUDA (exact for 0..255; weights to 11 bits),
@@ -425,6 +441,8 @@ def decode_crop_resize(
             ``preallocated`` (:mod:`nvjpeg_batched`: buffers sized once, see ``data.nvjpeg``).
         capacity: The most JPEGs a call of this run may bring (the batch size), for ``preallocated``; at least this
             call's.
+        out: Where to write the crops (float32 ``(N, 3, size, size)`` on ``device``, e.g. a slice of the batch's
+            tensor): no second batch-sized buffer; a new tensor when ``None``.
     """
     if gather not in ("strided", "copy"):
         raise ValueError(f"gather must be 'strided' or 'copy', got {gather!r}")
@@ -433,11 +451,23 @@ def decode_crop_resize(
     device = torch.device(device)
     if dtype is None:
         dtype = torch.float16 if device.type == "cuda" else torch.float32
+    shape = (len(samples), 3, size, size)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32, device=device)
+    elif (
+        tuple(out.shape) != shape
+        or out.dtype != torch.float32
+        or out.device.type != device.type
+        or device.index not in (None, out.device.index)
+    ):
+        raise ValueError(f"out must be float32 {shape} on {device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
     if not samples:
-        return torch.empty((0, 3, size, size), dtype=torch.float32, device=device)
+        return out
+    if max_padded_pixels is None:
+        max_padded_pixels = MAX_PADDED_PIXELS  # read at the call: bench/throughput.py's _onegroup variant sets it
     images, release = _decode(samples, device, nvjpeg, capacity)
     try:
-        return _crop_resize(samples, images, device, size, max_padded_pixels, gather, dtype)
+        return _crop_resize(samples, images, out, max_padded_pixels, gather, dtype)
     finally:
         release()  # after every read of the decoded images is enqueued
 
@@ -615,13 +645,12 @@ class _DecodeStream:
 def _crop_resize(
     samples: list[Encoded],
     images: list[torch.Tensor],
-    device: torch.device,
-    size: int,
+    out: torch.Tensor,
     max_padded_pixels: int,
     gather: str,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    count = len(samples)
+    count, size, device = len(samples), out.shape[-1], out.device
     boxes = [sample.box for sample in samples]
     shapes = [image.shape for image in images]
     for i, ((_, image_h, image_w), (top, left, height, width)) in enumerate(zip(shapes, boxes, strict=True)):
@@ -632,50 +661,50 @@ def _crop_resize(
             )
     batched = [i for i, box in enumerate(boxes) if box[2] * box[3] <= max_padded_pixels]
     outliers = [i for i, box in enumerate(boxes) if box[2] * box[3] > max_padded_pixels] if len(batched) < count else []
-    groups = _groups([boxes[i] for i in batched], max_padded_pixels)
-    order = [batched[k] for members, _, _ in groups for k in members] + outliers  # the staged order
-    in_order = order == list(range(count))
+    grouped = _groups([boxes[i] for i in batched], max_padded_pixels)
+    groups = [([batched[k] for k in members], h, w) for members, h, w in grouped]  # sample indices
+    in_order = [i for members, _, _ in groups for i in members] == list(range(count))
 
-    # One table of every batched crop's geometry, one host-to-device copy.
-    rows, offset = [], 0
-    for i in order[: len(batched)]:
-        _, height, width = shapes[i]
-        rows.append((offset, width, height * width, *boxes[i], samples[i].flip, 0))
-        offset += 3 * height * width
-    rows += [(0,) * 9] * len(outliers)
-    table = np.array(rows, dtype=np.int64)
-    if not in_order:
-        table[order, _SOURCE] = np.arange(count)  # row d: where sample d is in the staged order
-    table = torch.from_numpy(table).to(device, non_blocking=True)
+    # One table of every batched crop's geometry, group after group, one host-to-device copy. Offsets count from the
+    # start of the crop's group: each group is flattened on its own.
+    rows = []
+    for members, _, _ in groups:
+        offset = 0
+        for i in members:
+            _, height, width = shapes[i]
+            rows.append((offset, width, height * width, *boxes[i], samples[i].flip, i))
+            offset += 3 * height * width
+    table = torch.from_numpy(np.array(rows, dtype=np.int64).reshape(-1, 9)).to(device, non_blocking=True)
 
-    staged = torch.empty((count, 3, size, size), dtype=torch.float32, device=device)
-    flat = None
-    if batched and gather == "strided":
-        # Every batched image flattened, end to end, plus room for the last rows' padded reads: one cat.
-        tail = torch.empty(max(padded_w for _, _, padded_w in groups), dtype=torch.uint8, device=device)
-        flat = _flatten_dense_tensors([*(images[i] for i in order[: len(batched)]), tail])
     start = 0
     for members, padded_h, padded_w in groups:
         stop = start + len(members)
         meta = table[start:stop]
-        if flat is not None:
+        if gather == "strided":
+            # The group's images flattened end to end, plus room for the last rows' padded reads: one cat a group,
+            # so that no more than one group's pixels are copied at a time.
+            tail = torch.empty(padded_w, dtype=torch.uint8, device=device)
+            flat = _flatten_dense_tensors([*(images[i] for i in members), tail])
             crops = _gather_strided(flat, meta, padded_h, padded_w)
+            del flat, tail
         else:
             crops = torch.empty((len(members), padded_h, 3, padded_w), dtype=torch.uint8, device=device)
-            for k, i in enumerate(order[start:stop]):
+            for k, i in enumerate(members):
                 top, left, crop_h, crop_w = boxes[i]
                 crop = images[i][:, top : top + crop_h, left : left + crop_w]
                 crops[k, :crop_h, :, :crop_w].copy_(crop.transpose(0, 1))
         crops = crops.to(dtype)  # frees the uint8 copy
-        staged[start:stop].copy_(_resize(crops, meta, size))
+        resized = _resize(crops, meta, size)
         del crops
+        if in_order:
+            out[start:stop].copy_(resized)  # the cast in the copy
+        else:  # each crop into its sample's row (index_copy_ wants the destination's dtype: one group's cast)
+            out.index_copy_(0, meta[:, _SOURCE], resized.to(out.dtype))
+        del resized
         start = stop
-    del flat
-    for position, i in enumerate(outliers, start=len(batched)):
-        staged[position] = _resize_one(images[i], boxes[i], samples[i].flip, size)
-    if in_order:
-        return staged
-    return staged.index_select(0, table[:, _SOURCE])
+    for i in outliers:
+        out[i] = _resize_one(images[i], boxes[i], samples[i].flip, size)
+    return out
 
 
 def _round8(value: int) -> int:

@@ -13,8 +13,14 @@ from trace_summary import PHASES
 
 
 def between_text(gaps: list[dict]) -> str:
-    """The work between steps of a window: ``epoch end after step 24 (412.3 ms); ...``."""
-    return "; ".join(f"{g['what']} after step {g['after_step']} ({g['host_ms']:.1f} ms)" for g in gaps)
+    """The work between steps of a window: ``epoch end after step 24 (412.3 ms, of which 262.1 ms the next epoch's
+    first batch); ...``."""
+    return "; ".join(
+        f"{g['what']} after step {g['after_step']} ({g['host_ms']:.1f} ms"
+        + (f", of which {g['first_fetch_ms']:.1f} ms the next epoch's first batch" if g.get("first_fetch_ms") else "")
+        + ")"
+        for g in gaps
+    )
 
 
 def markdown(report: dict) -> str:

@@ -181,13 +181,15 @@ def build_report(summaries: Sequence[dict]) -> dict:
 
 def between_steps(ranks: Sequence[dict]) -> list[dict]:
     """The work between steps inside the window (validation, the epoch's end), each gap at its longest rank: left
-    out of images/s and of the GPU busy fraction measured with events, so that those describe the steps."""
-    longest: dict[tuple[int, str], float] = {}
+    out of images/s and of the GPU busy fraction measured with events, so that those describe the steps. After an
+    epoch's end the gap holds the next epoch's first fetch (``first_fetch_ms``: the loader refilling)."""
+    longest: dict[tuple[int, str], dict] = {}
     for r in ranks:
         for gap in r.get("between_steps") or ():
             key = (gap["after_step"], gap["what"])
-            longest[key] = max(longest.get(key, 0.0), gap["host_ms"])
-    return [{"after_step": s, "what": w, "host_ms": ms} for (s, w), ms in sorted(longest.items())]
+            if key not in longest or gap["host_ms"] > longest[key]["host_ms"]:
+                longest[key] = dict(gap)
+    return [longest[key] for key in sorted(longest)]
 
 
 def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:

@@ -23,8 +23,7 @@ from bisect import bisect_right
 from collections import defaultdict
 
 REQUIRED_CHILDREN = ("forward", "backward", "optimizer")
-#: The app's ranges of work between two steps: callbacks/profiler_window.py's VALIDATION, EPOCH_END and
-#: callbacks/ranges.py's CHECKPOINT.
+#: The app's ranges of work between two steps: callbacks/ranges.py's VALIDATION, EPOCH_END and CHECKPOINT.
 BETWEEN_STEPS = ("validation", "epoch end", "checkpoint")
 
 

@@ -13,6 +13,8 @@ prefetcher does, ``--iters`` times after ``--warmup`` untimed ones, between two 
     decode + batched       gpu_decode.decode_crop_resize: one gather, two batched matmuls, the flip in the weights
     decode + batched/copy  the same with one copy per crop into the padded tensor instead of the strided gather
     decode + batched/fp32  the same in float32 instead of float16 (the default on CUDA)
+    ... max_padded_pixels  the batched stage with another bound on one group's padded crops (--budgets): smaller
+                           groups of similar crops pad less and hold less memory, for a few more launches
     ... + busy thread      the same while another thread launches small kernels in a loop, as the training thread
                            does: how much the stage suffers from (and takes from) a thread competing for the GIL
 
@@ -58,6 +60,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=224, help="output side")
     p.add_argument("--device", default="cuda")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--budgets",
+        default="",
+        help="comma-separated max_padded_pixels of extra batched rows, in units of 512x512 (e.g. 256,64,32)",
+    )
     return p.parse_args(argv)
 
 
@@ -184,6 +191,16 @@ def main(argv: list[str] | None = None) -> None:
         ("decode + batched, gather=copy", lambda b: decode_crop_resize(b, device, a.size, gather="copy"), False),
         ("decode + batched, float32", lambda b: decode_crop_resize(b, device, a.size, dtype=torch.float32), False),
     ]
+    for budget in (int(b) for b in a.budgets.split(",") if b.strip()):
+        if budget < 1:
+            raise SystemExit(f"--budgets: {budget} is not a number of 512x512 pixel blocks (1 or more)")
+        rows.append(
+            (
+                f"decode + batched, max_padded_pixels {budget} x 512^2",
+                lambda b, budget=budget: decode_crop_resize(b, device, a.size, max_padded_pixels=budget * 512 * 512),
+                False,
+            )
+        )
     print(f"busy thread alone: {busy_alone(device):,.0f} launch/s")
     print()
     print("| stage | img/s | ms/batch | busy launch/s | peak MiB |")

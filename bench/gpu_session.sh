@@ -3,7 +3,8 @@
 # GPU tests took about 290 s on an H200); report2 needs 2 GPUs, ddp-P at least 2:
 #   bash bench/gpu_session.sh OUTDIR STAGE...
 # tests    : python -m pytest -m gpu (every GPU test of the suite)
-# decode   : bench/decode_bench.py: nvJPEG decode and the per-image vs batched crop/resize on a JPEG folder
+# decode   : bench/decode_bench.py: nvJPEG decode and the per-image vs batched crop/resize on a JPEG folder, and the
+#            batched stage at each of BUDGETS (max_padded_pixels in 512 x 512 blocks, default "256,64,32")
 # nvjpeg   : bench/nvjpeg_calls.py under nsys (new files of many sizes vs one size, the app's decode_batch, the own
 #            nvJPEG handle of nvjpeg_batched.py with and without preallocation, data.nvjpeg preallocated), then the
 #            cuMemFree/copy/sync counts per row (bench/nsys_api_by_range.py); only text comes back, not the report
@@ -54,7 +55,8 @@ for stage in "$@"; do
     nsys export --type sqlite --force-overwrite true -o /tmp/nvjpeg_calls.sqlite /tmp/nvjpeg_calls.nsys-rep >/dev/null \
       && python3 bench/nsys_api_by_range.py /tmp/nvjpeg_calls.sqlite | tee "$out/nvjpeg_api_by_range.txt" \
       | grep -i "free\|alloc\|memcpy\|range" ;;
-  decode) jpegs; timeout "$limit" python3 bench/decode_bench.py --data "$data" --batch 256 --iters 20 2>&1 \
+  decode) jpegs; timeout "$limit" python3 bench/decode_bench.py --data "$data" --batch 256 --iters 20 \
+    --budgets "${BUDGETS:-256,64,32}" 2>&1 \
     | tee "$out/decode_bench.txt" | tail -20 ;;
   eager-*|compile-*)
     jpegs; p=${stage#*-}; flags=(); variants=raw,app_synthetic,app_nvtx,app_folder,app_folder_gpu

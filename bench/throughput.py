@@ -22,6 +22,8 @@ Variants:
     app_folder_gpu_pageable@S  the same, with the finished crops copied to the GPU from pageable memory as before
                    they were staged in page-locked memory (gpu_decode._staged bypassed): that change side by side
     app_folder_gpu_preallocated[@S]  app_folder_gpu[@S] with data.nvjpeg=preallocated (nvjpeg_batched.py's decoder)
+    app_folder_gpu_onegroup[@S]  app_folder_gpu[@S] with the whole batch resized as one group, padded to its largest
+                   crop (gpu_decode.MAX_PADDED_PIXELS 256 x 512 x 512, as before the groups of similar crops)
     APP_VARIANT+OPTION[+OPTION]  an app variant with options of torch's DistributedDataParallel (under DDP only):
                    +bucket_view (gradient_as_bucket_view: gradients are views into the all-reduce buckets, no copy),
                    +static_graph, +bucket_mb=N (bucket_cap_mb, torch's default 25), e.g. app_synthetic+bucket_view;
@@ -55,6 +57,7 @@ VARIANTS = (
     "app_folder_gpu",
     "app_folder_gpu_pageable",
     "app_folder_gpu_preallocated",
+    "app_folder_gpu_onegroup",
 )
 
 
@@ -87,7 +90,8 @@ def split_variant(variant: str) -> tuple[str, float]:
     name, at, share = ddp_options(variant)[0].partition("@")
     if name not in VARIANTS or (at and not name.startswith("app_folder_gpu")):
         raise ValueError(
-            f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, app_folder_gpu[_pageable|_preallocated]@SHARE"
+            f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, "
+            "app_folder_gpu[_pageable|_preallocated|_onegroup]@SHARE"
         )
     try:
         value = float(share) if at else 0.0
@@ -173,6 +177,10 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         import gpu_decode
 
         gpu_decode._staged = lambda host, device: host  # the copy from the worker's (pageable) buffer, as it was
+    if name.endswith("_onegroup"):
+        import gpu_decode
+
+        gpu_decode.MAX_PADDED_PIXELS = 256 * 512 * 512  # every batch of 256 up to 512 x 512 px crops in one group
     data = ImageNetDataModule(
         root=a.data or "unused",
         source="folder" if folder else "synthetic",

@@ -25,7 +25,7 @@ without a range::
                  inside ``step N`` when it comes in the middle of an accumulated step
     epoch end    from the train epoch-end hooks to the next epoch's first fetch: epoch metrics reduced across ranks,
                  the epoch's checkpoint, the next epoch's sampler (the loader's refill shows in that epoch's first
-                 ``data`` range, where the prefetcher starts it)
+                 ``data`` range, where the prefetcher starts it; the step report counts that fetch with the gap)
     checkpoint   every save of the app's checkpoint callbacks and of the preemption handler (callbacks/ranges.py),
                  also the ones after a step (``every_n_train_steps``), which run once the step's range has closed
 
@@ -48,7 +48,7 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.profilers import Profiler
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
-from callbacks.ranges import CHECKPOINT, RangeStack
+from callbacks.ranges import CHECKPOINT, EPOCH_END, VALIDATION, RangeStack
 from callbacks.step_timer import StepTimer
 
 try:
@@ -58,9 +58,6 @@ except ImportError:  # pragma: no cover
 
 #: Suffix of the action Lightning's training loop reports to ``trainer.profiler`` around each batch fetch.
 FETCH_ACTION = ".train_dataloader_next"
-#: The NVTX ranges of what runs between two training steps (bench/check_nsys.py accepts kernels inside them).
-VALIDATION = "validation"
-EPOCH_END = "epoch end"
 
 
 class _FetchObserver(Profiler):

@@ -76,6 +76,9 @@ class RangeStack:
             nvtx.pop_range()
 
 
+#: The ranges of what runs between two training steps (bench/check_nsys.py accepts kernels inside them).
+VALIDATION = "validation"
+EPOCH_END = "epoch end"
 #: The range around every checkpoint save of the app (ResumableCheckpoint, the preemption save): it runs where no step
 #: range is open (checkpoint callbacks run after the step closes), with the device-to-host copies of the whole state.
 CHECKPOINT = "checkpoint"

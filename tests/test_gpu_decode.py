@@ -29,6 +29,7 @@ from gpu_decode import (
     release_host_buffer,
     release_pending,
 )
+from prefetcher import normalize
 
 
 def smooth_image(width: int, height: int, seed: int = 0) -> Image.Image:
@@ -187,6 +188,12 @@ def test_a_packed_batch_is_one_buffer_with_the_finished_crops_first(files):
     assert out.shape == (4, 3, 64, 64) and out.dtype == torch.float32
     assert torch.equal(out, expected)
     assert images.data.numel() == 0  # the host buffer is released once read
+    # In the model's memory format, the prefetcher's normalization works in place: no second batch-sized buffer.
+    images, _ = encoded_collate(batch)
+    out = decode_batch(images, torch.device("cpu"), 64, memory_format=torch.channels_last)
+    assert out.is_contiguous(memory_format=torch.channels_last) and torch.equal(out, expected)
+    normalized = normalize(out, torch.zeros(1, 3, 1, 1), torch.ones(1, 3, 1, 1), torch.channels_last)
+    assert normalized.data_ptr() == out.data_ptr()
 
     # A batch of finished crops only, one without any, and a crop size the stage does not expect.
     only_finished, _ = encoded_collate([batch[1], batch[3]])
@@ -371,8 +378,19 @@ def test_groups_of_similar_crops_and_the_per_image_path_for_outliers(mixed_batch
     outliers = [i for i, box in enumerate(boxes) if box[2] * box[3] > budget]
     assert 0 < len(outliers) < len(boxes) - 2
     for max_padded_pixels in (budget, 10**6, 10**9):
-        out = decode_crop_resize(mixed_batch, torch.device("cpu"), SIZE, max_padded_pixels=max_padded_pixels)
-        torch.testing.assert_close(out, reference, atol=0.01, rtol=0)
+        for gather in ("strided", "copy"):
+            out = decode_crop_resize(
+                mixed_batch, torch.device("cpu"), SIZE, max_padded_pixels=max_padded_pixels, gather=gather
+            )
+            torch.testing.assert_close(out, reference, atol=0.01, rtol=0)
+    # Into rows of a larger tensor (decode_batch's batch, finished crops first): those rows, each crop in its place.
+    batch = torch.full((len(mixed_batch) + 2, 3, SIZE, SIZE), -1.0)
+    out = decode_crop_resize(mixed_batch, torch.device("cpu"), SIZE, max_padded_pixels=budget, out=batch[2:])
+    assert out.data_ptr() == batch[2].data_ptr()
+    torch.testing.assert_close(batch[2:], reference, atol=0.01, rtol=0)
+    assert (batch[:2] == -1).all()
+    with pytest.raises(ValueError, match=r"out must be float32 \(24, 3, 48, 48\) on cpu, got torch.float32 \(25,"):
+        decode_crop_resize(mixed_batch, torch.device("cpu"), SIZE, out=batch[1:])
     inside = [box for box in boxes if box[2] * box[3] <= budget]
     groups = _groups(inside, budget)
     assert len(groups) > 1

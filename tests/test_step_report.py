@@ -81,11 +81,11 @@ def rank_summary(rank: int = 0, steps: int = 4, data: float = 0.1, forward: floa
 
 def test_gaps_between_steps_of_several_ranks_are_listed_at_the_longest_rank():
     a, b = rank_summary(rank=0), rank_summary(rank=1)
-    a["between_steps"] = [{"after_step": 21, "what": "epoch end + checkpoint", "host_ms": 400.0}]
-    b["between_steps"] = [{"after_step": 21, "what": "epoch end + checkpoint", "host_ms": 650.0},
+    a["between_steps"] = [{"after_step": 21, "what": "epoch end + checkpoint", "host_ms": 400.0, "first_fetch_ms": 9.0}]
+    b["between_steps"] = [{"after_step": 21, "what": "epoch end + checkpoint", "host_ms": 650.0, "first_fetch_ms": 7.0},
                           {"after_step": 22, "what": "checkpoint", "host_ms": 5.0}]  # fmt: skip
     assert build_report([a, b])["overall"]["between_steps"] == [
-        {"after_step": 21, "what": "epoch end + checkpoint", "host_ms": 650.0},
+        {"after_step": 21, "what": "epoch end + checkpoint", "host_ms": 650.0, "first_fetch_ms": 7.0},
         {"after_step": 22, "what": "checkpoint", "host_ms": 5.0},
     ]
     assert build_report([rank_summary()])["overall"]["between_steps"] == []

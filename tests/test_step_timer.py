@@ -128,38 +128,46 @@ def test_events_give_known_phase_times_lag_busy_fraction_and_copy_overlap():
     assert summary["input"] == "prefetcher"
 
 
-def test_the_gap_of_an_epoch_end_is_left_out_of_wall_time_and_gpu_busy_and_listed(tmp_path, monkeypatch):
+def test_the_gap_of_an_epoch_end_and_the_next_first_fetch_are_left_out_of_wall_time_and_gpu_busy(tmp_path, monkeypatch):
     fake = FakeDevice()
     timer = StepTimer()
     timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
     trainer = fake_trainer("cuda:0")
     timer.start(trainer, (0, 3))
     run_step(timer, fake, 0, [(0, 0), (1, 1), (3, 5), (5, 9), (6, 10)])
-    # The epoch's end (a checkpoint save) after step 0: 500 ms on the host, the GPU idle from 10 to 505.
+    # The epoch's end (a checkpoint save) after step 0: 494 ms on the host, then the next epoch's first fetch waits
+    # 200 ms for the loader to refill; the GPU idles from 10 to 705.
     timer.between(0, "epoch end")
-    run_step(timer, fake, 1, [(500, 505), (501, 506), (503, 510), (505, 514), (506, 515)])
+    run_step(timer, fake, 1, [(500, 505), (700, 705), (702, 709), (704, 713), (705, 714)])
     # An ordinary 2 ms gap (the loop's own overhead) stays in both.
-    run_step(timer, fake, 2, [(508, 517), (509, 518), (511, 522), (513, 526), (514, 527)])
-    fake.at(600, 600)
+    run_step(timer, fake, 2, [(707, 716), (708, 717), (710, 721), (712, 725), (713, 726)])
+    fake.at(800, 800)
     summary = timer.finish(trainer)
-    # Wall: 0..514 less the 494 ms gap (6..500) = 20 ms; GPU span 0..527 less the gap 10..505 = 32 ms, of which
-    # data 1 + 1 + 1 ms and the 2 ms between steps 1 and 2 stalled.
-    assert summary["wall_ms"] == pytest.approx(20)
-    assert summary["between_steps"] == [{"after_step": 0, "what": "epoch end", "host_ms": pytest.approx(494)}]
-    assert summary["gpu_busy"] == round(27 / 32, 4)
+    # Step 1 starts where its first fetch ended, on both clocks; its other phases stay.
+    s1 = summary["steps"][1]
+    assert s1["host"] == phases(0, 2, 2, 1, 0, 5) and s1["gpu"] == phases(0, 4, 4, 1, 0, 9)
+    # Wall: 0..713 less the 694 ms gap (6..700) = 19 ms; GPU span 0..726 less the gap 10..705 = 31 ms, of which
+    # data 1 + 0 + 1 ms and the 2 ms between steps 1 and 2 stalled.
+    assert summary["wall_ms"] == pytest.approx(19)
+    gap = {"after_step": 0, "what": "epoch end", "host_ms": pytest.approx(694), "first_fetch_ms": pytest.approx(200)}
+    assert summary["between_steps"] == [gap]
+    assert summary["gpu_busy"] == round(27 / 31, 4)
     report = step_report.build_report([summary])
-    assert report["overall"]["images_per_s"] == pytest.approx(12 / 0.020)
-    assert report["overall"]["between_steps"] == [{"after_step": 0, "what": "epoch end", "host_ms": 494.0}]
+    assert report["overall"]["images_per_s"] == pytest.approx(12 / 0.019, abs=0.01)
+    assert report["overall"]["between_steps"] == [gap]
+    # Host data 1 + 0 + 1 of 6 + 5 + 6 ms: the refill's 200 ms are not the steps' data wait.
+    assert report["overall"]["data_pct"] == pytest.approx(100 * 2 / 17, abs=0.01)
     lines = step_report.summary_lines(report)
-    assert "  between steps, left out of img/s and GPU busy (events): epoch end after step 0 (494.0 ms)" in lines
-    assert "epoch end after step 0 (494.0 ms)" in step_report.markdown(report)
+    text = "epoch end after step 0 (694.0 ms, of which 200.0 ms the next epoch's first batch)"
+    assert f"  between steps, left out of img/s and GPU busy (events): {text}" in lines
+    assert text in step_report.markdown(report)
     # A Kineto trace's busy fraction spans the gap: with one in the window, the events' figure stays.
     trace = tmp_path / "rank0.pt.trace.json"
     trace.write_text("{}")
     exact = {"gpu_busy": 0.5, "gpu_busy_source": "kineto", "copies": None}
     monkeypatch.setattr(trace_summary, "summarize_trace", lambda *args, **kwargs: exact)
     result, _ = timer.report(trainer, dict(summary), tmp_path / "report", trace)
-    assert result["overall"]["gpu_busy"] == round(27 / 32, 4) and result["overall"]["gpu_busy_source"] == "events"
+    assert result["overall"]["gpu_busy"] == round(27 / 31, 4) and result["overall"]["gpu_busy_source"] == "events"
     assert result["ranks"][0]["source"] == "events+kineto"
     result, _ = timer.report(trainer, {**summary, "between_steps": []}, tmp_path / "report", trace)
     assert result["overall"]["gpu_busy"] == 0.5  # no gap: the trace's kernel-exact figure
@@ -254,7 +262,9 @@ def test_a_window_across_validation_and_an_epoch_end_lists_them_and_leaves_them_
     assert [s["step"] for s in rank["steps"]] == [1, 2, 3, 4]
     (gap,) = rank["between_steps"]  # epochs of 3 steps: validation, then the epoch's end, after step 2
     assert gap["after_step"] == 2 and gap["what"] == "validation + epoch end" and gap["host_ms"] > 0
+    assert 0 < gap["first_fetch_ms"] < gap["host_ms"]  # the next epoch's first fetch joined the gap
     steps = {s["step"]: s for s in rank["steps"]}
+    assert steps[3]["host"]["data"] == 0 and steps[3]["host"]["forward"] > 0
     # The wall time holds the four steps and the ordinary gaps between them, not the validation pass.
     assert sum(s["host"]["total"] for s in steps.values()) <= rank["wall_ms"] + 1e-3
     assert rank["wall_ms"] < sum(s["host"]["total"] for s in steps.values()) + gap["host_ms"]
@@ -275,6 +285,7 @@ def test_a_save_every_n_steps_inside_the_window_is_a_listed_gap(tmp_path):
     (rank,) = window.reports[0]["ranks"]
     (gap,) = rank["between_steps"]  # saved at global_step 2: after step 1, once that step's range has closed
     assert gap["after_step"] == 1 and gap["what"] == "checkpoint" and gap["host_ms"] >= 300
+    assert "first_fetch_ms" not in gap  # no epoch's end: the next step's fetch is its own
     assert rank["wall_ms"] < sum(s["host"]["total"] for s in rank["steps"]) + 300
 
 

@@ -54,6 +54,7 @@ def test_split_variants_carry_their_cpu_share_and_bad_ones_are_refused(throughpu
     assert throughput.split_variant("app_folder_gpu@0.7") == ("app_folder_gpu", 0.7)
     assert throughput.split_variant("app_folder_gpu") == ("app_folder_gpu", 0.0)
     assert throughput.split_variant("app_folder_gpu_pageable@0.85") == ("app_folder_gpu_pageable", 0.85)
+    assert throughput.split_variant("app_folder_gpu_onegroup") == ("app_folder_gpu_onegroup", 0.0)
     assert throughput.split_variant("raw") == ("raw", 0.0)
     for bad, message in [
         ("app_folder@0.5", "unknown variant 'app_folder@0.5'"),
