@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from core_probes import QUIET
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+import callbacks.ranges
 import shapes_dataset
 from callbacks.preemption import PreemptedExit, PreemptionHandler, WorkerSignalShield, _no_sigterm_broadcast
 from checkpoint_io import AtomicCheckpointIO
@@ -92,7 +94,17 @@ def load(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def test_sigint_saves_at_the_next_step_and_exits_130(tmp_path: Path) -> None:
+def test_sigint_saves_at_the_next_step_and_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ranges: list[tuple[str, str | None, bool]] = []  # (push/pop, name, the checkpoint file exists)
+    path = tmp_path / "ckpts" / "last.ckpt"  # the ModelCheckpoint's folder
+    monkeypatch.setattr(
+        callbacks.ranges,
+        "nvtx",
+        SimpleNamespace(
+            push_range=lambda name: ranges.append(("push", name, path.exists())),
+            pop_range=lambda: ranges.append(("pop", None, path.exists())),
+        ),
+    )
     original = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     handler = PreemptionHandler()
     sender = SendSignal(signal.SIGINT, at_batch=3)
@@ -103,7 +115,8 @@ def test_sigint_saves_at_the_next_step_and_exits_130(tmp_path: Path) -> None:
     assert stopped.value.code == 128 + signal.SIGINT == handler.exit_code
     # Sent after the handler's check of step 4, so the handler acts at the next boundary: step 5.
     assert sender.sent_at_step == 4 and handler.stopped_at_step == 5
-    path = tmp_path / "ckpts" / "last.ckpt"  # the ModelCheckpoint's folder
+    # The save ran inside one `checkpoint` range (Lightning's own ModelCheckpoint here makes none).
+    assert ranges == [("push", "checkpoint", False), ("pop", None, True)]
     assert handler.checkpoint_path == str(path)
     saved = load(path)
     assert saved["global_step"] == 5

@@ -133,6 +133,17 @@ def test_the_checkpoint_range_is_balanced_when_a_save_raises(recorder):
     assert recorder.events == [("push", "checkpoint"), ("pop", None)]
 
 
+def test_the_checkpoint_range_is_in_a_kineto_trace(recorder):
+    from callbacks.ranges import checkpoint_range
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as trace:
+        with checkpoint_range():
+            torch.ones(4).add_(1)
+    (event,) = [e for e in trace.events() if e.name == "checkpoint"]
+    assert any(e.name == "aten::add_" and e.cpu_parent is event for e in trace.events())
+    assert recorder.events == [("push", "checkpoint"), ("pop", None)]
+
+
 def test_gradient_accumulation_counts_optimizer_steps(tmp_path, recorder):
     trainer = fit(tmp_path, ProfilerWindow(start_step=1, num_steps=1), max_steps=10, accumulate=2)
     assert trainer.global_step == 2
