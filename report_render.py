@@ -93,7 +93,9 @@ MEASURED = (
     "stream; its overlap is the share of copy time that lies inside the compute stream's forward..optimizer spans "
     "(events) or inside kernels on other streams (Kineto). Stragglers: ranks that spend over 5% of a step longer than "
     "the other ranks in data+optimizer+other; under DDP the fast ranks wait for them inside forward (buffer "
-    "broadcast) and backward (gradient all-reduce), so those phases are left out."
+    "broadcast) and backward (gradient all-reduce), so those phases are left out. Work between steps (validation, "
+    "an epoch's end, a checkpoint save) is listed apart and left out of images/s and GPU busy (events); after an "
+    "epoch's end so is the next epoch's first fetch, where the loader refills: that step starts after its fetch."
 )
 
 

@@ -10,7 +10,8 @@ prefetcher does, ``--iters`` times after ``--warmup`` untimed ones, between two 
 
     decode                 torchvision.io.decode_jpeg on the batch's list of JPEGs (one batched nvJPEG call)
     decode + per-image     gpu_decode.decode_crop_resize_reference: a Python loop of ~6 ops per image
-    decode + batched       gpu_decode.decode_crop_resize: one gather, two batched matmuls, the flip in the weights
+    decode + batched       gpu_decode.decode_crop_resize: per group of similar crops one gather, two batched matmuls,
+                           the flip in the weights
     decode + batched/copy  the same with one copy per crop into the padded tensor instead of the strided gather
     decode + batched/fp32  the same in float32 instead of float16 (the default on CUDA)
     ... max_padded_pixels  the batched stage with another bound on one group's padded crops (--budgets): smaller

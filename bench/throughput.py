@@ -23,7 +23,8 @@ Variants:
                    they were staged in page-locked memory (gpu_decode._staged bypassed): that change side by side
     app_folder_gpu_preallocated[@S]  app_folder_gpu[@S] with data.nvjpeg=preallocated (nvjpeg_batched.py's decoder)
     app_folder_gpu_onegroup[@S]  app_folder_gpu[@S] with the whole batch resized as one group, padded to its largest
-                   crop (gpu_decode.MAX_PADDED_PIXELS 256 x 512 x 512, as before the groups of similar crops)
+                   crop (gpu_decode.MAX_PADDED_PIXELS 256 x 512 x 512, the old default, which never split a batch of
+                   256)
     APP_VARIANT+OPTION[+OPTION]  an app variant with options of torch's DistributedDataParallel (under DDP only):
                    +bucket_view (gradient_as_bucket_view: gradients are views into the all-reduce buckets, no copy),
                    +static_graph, +bucket_mb=N (bucket_cap_mb, torch's default 25), e.g. app_synthetic+bucket_view;

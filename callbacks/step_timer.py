@@ -172,6 +172,7 @@ class StepTimer:
         first_fetch = {
             a["row"]["step"]: _fold_first_fetch(b) for a, b in gaps if EPOCH_END in between[a["row"]["step"]]
         }
+        first_fetch = {step: ms for step, ms in first_fetch.items() if ms > 0}  # none: a loader Lightning cannot see
         left_out = sum(b["host"][0] - a["host"][1] for a, b in gaps)
         summary: dict[str, Any] = {
             "rank": trainer.global_rank,
@@ -284,7 +285,7 @@ def _fold_first_fetch(entry: dict) -> float:
         start, end = entry[clock]
         if clock == "host":
             moved = fetched - start
-        entry.setdefault("issued_from", start)  # the host start, for the copies issued during the fetch
+            entry["issued_from"] = start  # the host start, for the copies issued during the fetch
         entry[clock] = (fetched, end)
         phases["data"] = rest
         entry["row"][clock] = {k: round(v, 4) for k, v in trace_summary.phase_times(entry[clock], phases).items()}

@@ -173,6 +173,27 @@ def test_the_gap_of_an_epoch_end_and_the_next_first_fetch_are_left_out_of_wall_t
     assert result["overall"]["gpu_busy"] == 0.5  # no gap: the trace's kernel-exact figure
 
 
+def test_a_step_without_a_fetch_range_after_an_epoch_end_keeps_its_start():
+    # A loader Lightning does not report fetches of opens no `data` phase: nothing to fold, no first_fetch_ms.
+    fake = FakeDevice()
+    timer = StepTimer()
+    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    trainer = fake_trainer("cuda:0")
+    timer.start(trainer, (0, 2))
+    run_step(timer, fake, 0, [(0, 0), (1, 1), (3, 5), (5, 9), (6, 10)])
+    timer.between(0, "epoch end")
+    fake.at(100, 100)
+    timer.begin(1, "step")
+    timer.begin(1, "forward")
+    fake.at(103, 104)
+    timer.end_phases(1)
+    timer.end(1, "step")
+    fake.at(200, 200)
+    summary = timer.finish(trainer)
+    assert summary["between_steps"] == [{"after_step": 0, "what": "epoch end", "host_ms": pytest.approx(94)}]
+    assert summary["steps"][1]["host"] == phases(0, 3, 0, 0, 0, 3)
+
+
 @pytest.mark.parametrize(("decoder", "expected"), [(None, "prefetcher"), (lambda files, device: files, "gpu-decode")])
 def test_the_summary_names_the_input_path(decoder, expected):
     timer = StepTimer()
