@@ -11,6 +11,7 @@ by every rank at the same step) and rank 0 writes the report (``step_report.py``
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +208,8 @@ class StepTimer:
             summary["gpu_busy_source"] = "events" if span > 0 else None
             # Until the GPU reaches the window's first event it still runs the steps before the window: compute too.
             backlog = (host[0] - offset, 0.0)
-            summary["copies"] = _copies(copies, marks[0][4], steps, backlog)
+            gap_hosts = [(a["host"][1], b["host"][0]) for a, b in gaps]
+            summary["copies"] = _copies(copies, marks[0][4], steps, backlog, gap_hosts)
         return summary
 
     def report(
@@ -285,7 +287,6 @@ def _fold_first_fetch(entry: dict) -> float:
         start, end = entry[clock]
         if clock == "host":
             moved = fetched - start
-            entry["issued_from"] = start  # the host start, for the copies issued during the fetch
         entry[clock] = (fetched, end)
         phases["data"] = rest
         entry["row"][clock] = {k: round(v, 4) for k, v in trace_summary.phase_times(entry[clock], phases).items()}
@@ -308,11 +309,19 @@ def _intervals(marks: list, times: list[float]) -> tuple[tuple[float, float], di
     return (step[0], step[1]), phases
 
 
-def _copies(copies: list[CopyEvents], reference: Any, steps: list[dict], backlog: tuple[float, float]) -> dict | None:
+def _copies(
+    copies: list[CopyEvents],
+    reference: Any,
+    steps: list[dict],
+    backlog: tuple[float, float],
+    gaps: Sequence[tuple[float, float]] = (),
+) -> dict | None:
     """Copy statistics of the window: H2D time on the side stream and its part inside the compute spans.
 
     Compute spans are each step's forward start..step end on the compute stream, and ``backlog``: the work queued
-    before the window, from the host's first mark (on the GPU clock) until the GPU reached it.
+    before the window, from the host's first mark (on the GPU clock) until the GPU reached it. Copies issued inside
+    ``gaps`` (host ms between steps: validation, an epoch's end with the next epoch's first fetch, whose first two
+    batches are copied while the GPU has no step to overlap) are left out, as the gaps are of images/s.
     """
     if not copies:
         return None
@@ -320,12 +329,14 @@ def _copies(copies: list[CopyEvents], reference: Any, steps: list[dict], backlog
     for s in steps:
         forward = s["gpu_phases"].get("forward")
         compute.append((forward[0][0] if forward else s["gpu"][0], s["gpu"][1]))
-    starts = [s.get("issued_from", s["host"][0]) for s in steps]
+    starts = [s["host"][0] for s in steps]
     total = inside = 0.0
     done = []
     for c in copies:
         if not (c.start.query() and c.copied.query() and c.done.query()):
             continue  # issued after the window's sync by the decode thread: not part of this window
+        if any(begin <= c.issued * 1000 < end for begin, end in gaps):
+            continue
         interval = (reference.elapsed_time(c.start), reference.elapsed_time(c.copied))
         t, o = trace_summary.overlap([interval], compute)
         total, inside = total + t, inside + o

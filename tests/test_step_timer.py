@@ -132,8 +132,13 @@ def test_the_gap_of_an_epoch_end_and_the_next_first_fetch_are_left_out_of_wall_t
     fake = FakeDevice()
     timer = StepTimer()
     timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
-    trainer = fake_trainer("cuda:0")
+    prefetcher = DevicePrefetcher([], "cpu")
+    trainer = fake_trainer("cuda:0", loader=[prefetcher])
     timer.start(trainer, (0, 3))
+    # A copy issued in step 0, on the GPU inside its compute (3..4 ms); one issued during the next epoch's first
+    # fetch (host 650 ms), on the GPU while it has no step (700..701): the gap's, left out like the gap.
+    prefetcher.timing.append(CopyEvents(fake.event(3), fake.event(4), fake.event(4), 0.002, True, 100))
+    prefetcher.timing.append(CopyEvents(fake.event(700), fake.event(701), fake.event(701), 0.650, True, 100))
     run_step(timer, fake, 0, [(0, 0), (1, 1), (3, 5), (5, 9), (6, 10)])
     # The epoch's end (a checkpoint save) after step 0: 494 ms on the host, then the next epoch's first fetch waits
     # 200 ms for the loader to refill; the GPU idles from 10 to 705.
@@ -152,6 +157,9 @@ def test_the_gap_of_an_epoch_end_and_the_next_first_fetch_are_left_out_of_wall_t
     gap = {"after_step": 0, "what": "epoch end", "host_ms": pytest.approx(694), "first_fetch_ms": pytest.approx(200)}
     assert summary["between_steps"] == [gap]
     assert summary["gpu_busy"] == round(27 / 31, 4)
+    copies = summary["copies"]
+    assert (copies["count"], copies["time_ms"], copies["overlap"]) == (1, pytest.approx(1), pytest.approx(1.0))
+    assert summary["steps"][0]["h2d"] == pytest.approx(1) and summary["steps"][1]["h2d"] is None
     report = step_report.build_report([summary])
     assert report["overall"]["images_per_s"] == pytest.approx(12 / 0.019, abs=0.01)
     assert report["overall"]["between_steps"] == [gap]
