@@ -95,7 +95,8 @@ MEASURED = (
     "the other ranks in data+optimizer+other; under DDP the fast ranks wait for them inside forward (buffer "
     "broadcast) and backward (gradient all-reduce), so those phases are left out. Work between steps (validation, "
     "an epoch's end, a checkpoint save) is listed apart and left out of images/s and GPU busy (events); after an "
-    "epoch's end so is the next epoch's first fetch, where the loader refills: that step starts after its fetch."
+    "epoch's end so is the next epoch's first fetch, where the loader refills: that step starts after its fetch. "
+    "Copies issued inside such a gap are left out of the copy figures."
 )
 
 
