@@ -21,6 +21,10 @@ PHASES = ("data", "forward", "backward", "optimizer", "other")
 #: Range names (NVTX / record_function) that mark phases.
 RANGE_PHASES = ("data", "forward", "backward", "optimizer")
 STEP_RE = re.compile(r"step (\d+)")
+#: Ranges of the work between two steps (callbacks/ranges.py's VALIDATION, EPOCH_END, CHECKPOINT; spelled here so that
+#: this module needs neither torch nor nvtx): a window's gaps, left out as the live step report leaves them out.
+BETWEEN_STEPS = ("validation", "epoch end", "checkpoint")
+EPOCH_END = "epoch end"
 #: HtoD copies smaller than this in a trace are not input batches (a logged scalar, an index): not judged.
 INPUT_COPY_MIN_BYTES = 64 * 1024
 TRACE_NAME_RE = re.compile(r"rank(\d+)_steps(\d+)-(\d+)")
@@ -96,6 +100,10 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
     compute kernel, forward/backward/optimizer the union of their compute kernels, ``other`` the rest of the span
     (idle included). H2D copies are ``gpu_memcpy`` events named ``Memcpy HtoD (Pinned|Pageable -> Device)``;
     overlap is measured against kernels on other streams. ``batch_size`` (per micro-batch) gives images per step.
+
+    Work between two steps (:data:`BETWEEN_STEPS` ranges after a step's end: validation, an epoch's end, a save) is a
+    gap, as in the live report: listed in ``between_steps``, left out of the wall time, of GPU busy and of the copies
+    launched in it; after an epoch's end the next step's first ``data`` range (the loader refilling) joins the gap.
     """
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and "ts" in e]
     annotations = [e for e in events if e.get("cat") == "user_annotation"]
@@ -107,6 +115,9 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
     main_tid = steps[0].get("tid")
     step_ranges = [(float(e["ts"]), float(e["ts"] + e["dur"])) for e in steps]
     step_starts = [a for a, _ in step_ranges]
+    gaps, first_fetch = _gaps(annotations, main_tid, step_ranges, step_starts)
+    step_starts = [a for a, _ in step_ranges]  # after an epoch's end a step now starts after its first fetch
+    host_gaps = [(step_ranges[i][1], step_ranges[i + 1][0]) for i in sorted(gaps)]
     phases: list[dict[str, list[Interval]]] = [{n: [] for n in RANGE_PHASES} for _ in steps]
     for e in annotations:
         if e["name"] in RANGE_PHASES and e.get("tid", main_tid) == main_tid:
@@ -147,6 +158,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         if e.get("cat") == "gpu_memcpy"
         and "HtoD" in e.get("name", "")
         and e.get("args", {}).get("bytes", INPUT_COPY_MIN_BYTES) >= INPUT_COPY_MIN_BYTES
+        and not any(a <= launch(e) < b for a, b in host_gaps)  # launched in a gap: the gap's, left out with it
     ]
     h2d = [0.0] * len(steps)
     for c in copies:
@@ -155,6 +167,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
             h2d[i] += c["dur"] / 1000
     rows = []
     previous_end: float | None = None
+    gpu_gaps: list[Interval] = []
     for i, (step, host) in enumerate(zip(steps, step_ranges, strict=True)):
         host_times = phase_times(host, phases[i])
         spans = [s for v in per_step[i].values() for s in v]
@@ -162,6 +175,10 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         if spans:
             first, last = min(a for a, _ in spans), max(b for _, b in spans)
             begin = host[0] if previous_end is None else previous_end
+            if i - 1 in gaps and previous_end is not None:
+                # After a gap the step's GPU time starts when the host starts it: what ran before is the gap's.
+                begin = max(previous_end, host[0])
+                gpu_gaps.append((previous_end, begin))
             gpu = {"data": max(0.0, first - begin)}
             for name in ("forward", "backward", "optimizer"):
                 gpu[name] = length(per_step[i][name])
@@ -181,9 +198,10 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         )
     span = (step_ranges[0][0], previous_end if previous_end is not None else step_ranges[-1][1])
     busy = None
-    if kernels and span[1] > span[0]:
+    skipped = length(gpu_gaps)
+    if kernels and span[1] - span[0] - skipped > 0:
         clipped = [(max(span[0], k["ts"]), min(span[1], k["ts"] + k["dur"])) for k in kernels]
-        busy = length(clipped) / (span[1] - span[0])
+        busy = (length(clipped) - overlap(union(clipped), gpu_gaps)[1]) / (span[1] - span[0] - skipped)
     copy_summary = None
     if copies:
         total = inside = 0.0
@@ -211,12 +229,53 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         "source": "kineto",
         "window": [rows[0]["step"], rows[-1]["step"]],
         "steps": rows,
-        "wall_ms": round((step_ranges[-1][1] - step_ranges[0][0]) / 1000, 4),
+        "wall_ms": round((step_ranges[-1][1] - step_ranges[0][0] - sum(b - a for a, b in host_gaps)) / 1000, 4),
+        "between_steps": [
+            {
+                "after_step": rows[i]["step"],
+                "what": " + ".join(gaps[i]),
+                "host_ms": round((step_ranges[i + 1][0] - step_ranges[i][1]) / 1000, 4),
+                **({"first_fetch_ms": round(first_fetch[i] / 1000, 4)} if first_fetch.get(i) else {}),
+            }
+            for i in sorted(gaps)
+        ],
         "gpu_busy": round(busy, 4) if busy is not None else None,
         "gpu_busy_source": "kineto" if busy is not None else None,
         "copies": copy_summary,
         "input": "trace",
     }
+
+
+def _gaps(
+    annotations: list[dict], main_tid: Any, step_ranges: list[Interval], step_starts: list[float]
+) -> tuple[dict[int, list[str]], dict[int, float]]:
+    """``({i: names of the work between step i and step i + 1}, {i: the first fetch moved into that gap, us})``.
+
+    Only ranges that start after step ``i`` has ended count (a validation inside an accumulated step stays in it).
+    After an epoch's end step ``i + 1`` is moved to start where its first ``data`` range ends (``step_ranges`` is
+    changed in place).
+    """
+    gaps: dict[int, list[str]] = {}
+    for e in sorted(annotations, key=lambda e: e["ts"]):
+        if e["name"] in BETWEEN_STEPS and e.get("tid", main_tid) == main_tid:
+            i = bisect.bisect_right(step_starts, e["ts"]) - 1
+            if 0 <= i < len(step_ranges) - 1 and e["ts"] >= step_ranges[i][1]:
+                gaps.setdefault(i, []).append(e["name"])
+    first_fetch: dict[int, float] = {}
+    for i, names in gaps.items():
+        if EPOCH_END not in names:
+            continue
+        start, end = step_ranges[i + 1]
+        fetches = [
+            e for e in annotations
+            if e["name"] == "data" and e.get("tid", main_tid) == main_tid and start <= e["ts"] <= end
+        ]  # fmt: skip
+        if fetches:
+            fetch = min(fetches, key=lambda e: e["ts"])
+            fetched = float(fetch["ts"] + fetch["dur"])
+            step_ranges[i + 1] = (fetched, end)
+            first_fetch[i] = fetched - start
+    return gaps, first_fetch
 
 
 def _find(ranges: Sequence[Interval], starts: Sequence[float], t: float) -> int | None:

@@ -234,6 +234,59 @@ def test_kineto_trace_gives_known_phases_overlap_and_busy_fraction():
     assert report["findings"][1].startswith("input-bound: data wait is 20.0% of the step")
 
 
+def test_kineto_trace_with_validation_and_an_epoch_end_between_steps_leaves_the_gap_out():
+    """Step 10 at 0..100 us; validation (a kernel 150..250), the epoch's end and a save at 100..400; step 11 at
+    400..700, whose first fetch waits for the loader until 600 and copies a batch (launched at 590)."""
+    events = [_x("step 10", "user_annotation", 0, 100), _x("step 11", "user_annotation", 400, 300)]
+    ranges = [("data", 0, 10), ("forward", 10, 30), ("backward", 40, 40), ("optimizer", 80, 15),
+              ("validation", 100, 200), ("epoch end", 300, 100), ("checkpoint", 310, 80),
+              ("data", 400, 200), ("forward", 600, 30), ("backward", 630, 30), ("optimizer", 660, 30)]  # fmt: skip
+    events += [_x(name, "user_annotation", ts, dur) for name, ts, dur in ranges]
+    launches = [  # (correlation, launch ts, activity)
+        (1, 12, _x("conv_fwd", "kernel", 15, 20, stream=7)),
+        (2, 42, _x("conv_bwd", "kernel", 45, 30, stream=7)),
+        (3, 82, _x("sgd", "kernel", 82, 10, stream=7)),
+        (4, 150, _x("conv_fwd", "kernel", 150, 100, stream=7)),  # validation
+        (5, 590, _x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 590, 10, stream=20)),  # in the first fetch
+        (6, 601, _x("conv_fwd", "kernel", 602, 20, stream=7)),
+        (7, 605, _x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 605, 10, stream=20)),
+        (8, 631, _x("conv_bwd", "kernel", 632, 20, stream=7)),
+        (9, 661, _x("sgd", "kernel", 662, 10, stream=7)),
+    ]
+    for correlation, ts, activity in launches:
+        events.append(_x("cudaLaunchKernel", "cuda_runtime", ts, 1, correlation=correlation))
+        activity["args"]["correlation"] = correlation
+        events.append(activity)
+    summary = summarize_trace({"traceEvents": events}, batch_size=8)
+    # The gap: 100..600 us on the host, the 200 us fetch included; the window's wall time is the rest.
+    assert summary["between_steps"] == [{"after_step": 10, "what": "validation + epoch end + checkpoint",
+                                         "host_ms": 0.5, "first_fetch_ms": 0.2}]  # fmt: skip
+    assert summary["wall_ms"] == 0.2
+    s10, s11 = summary["steps"]
+    assert s11["host"] == {"data": 0.0, "forward": 0.03, "backward": 0.03, "optimizer": 0.03, "other": 0.01,
+                           "total": 0.1}  # fmt: skip
+    # Step 11 on the GPU starts when the host started it (600 us), not at step 10's last kernel (92 us).
+    assert s11["gpu"]["data"] == 0.002 and s11["gpu"]["total"] == 0.072
+    # Busy over 0..672 us less the gap 92..600: kernels 20 + 30 + 10 + 20 + 20 + 10 us of 164 (validation's left out).
+    assert summary["gpu_busy"] == round(110 / 164, 4)
+    # The copy launched in the gap is the gap's; the other overlaps conv_fwd entirely.
+    copies = summary["copies"]
+    assert copies["count"] == 1 and copies["time_ms"] == 0.01 and copies["overlap"] == 1.0
+    assert s11["h2d"] == 0.01 and s10["h2d"] == 0.0
+    # The same from the report: the gap is listed, the verdict judges the steps.
+    report = build_report([summary])
+    assert report["overall"]["between_steps"] == summary["between_steps"]
+    assert report["overall"]["images_per_s"] == pytest.approx(16 / 0.0002, rel=1e-3)
+
+
+def test_trace_between_step_range_names_are_the_apps():
+    import callbacks.ranges
+    import trace_summary
+
+    names = (callbacks.ranges.VALIDATION, callbacks.ranges.EPOCH_END, callbacks.ranges.CHECKPOINT)
+    assert trace_summary.BETWEEN_STEPS == names and trace_summary.EPOCH_END == callbacks.ranges.EPOCH_END
+
+
 def test_trace_without_step_ranges_is_refused():
     with pytest.raises(ValueError, match="no 'step N' ranges"):
         summarize_trace({"traceEvents": [_x("conv", "kernel", 0, 5, stream=7)]})

@@ -300,6 +300,22 @@ def test_a_window_across_validation_and_an_epoch_end_lists_them_and_leaves_them_
     assert window.reports[0]["overall"]["between_steps"] == [gap]
 
 
+def test_the_kineto_trace_of_such_a_window_gives_the_same_gap(tmp_path):
+    window = ProfilerWindow(start_step=1, num_steps=4, torch_profiler=True, trace_dir=str(tmp_path / "traces"))
+    fit(tmp_path, window, max_steps=10, train_steps=3, val_batches=2, num_sanity_val_steps=0)
+    (live,) = window.reports[0]["ranks"]
+    (trace,) = window.trace_files
+    offline = trace_summary.summarize_trace(trace_summary.load_trace(trace), batch_size=4)
+    (gap,) = offline["between_steps"]  # from the trace's validation / epoch end ranges, as `step_report.py` reads it
+    assert (gap["after_step"], gap["what"]) == (2, "validation + epoch end")
+    assert 0 < gap["first_fetch_ms"] < gap["host_ms"]
+    assert [s["step"] for s in offline["steps"]] == [1, 2, 3, 4] and offline["steps"][2]["host"]["data"] == 0
+    # The same steps' wall time on both clocks of the host, within the trace's microsecond rounding and the few
+    # microseconds between a callback's perf_counter and its record_function.
+    assert offline["wall_ms"] == pytest.approx(live["wall_ms"], rel=0.05)
+    assert offline["wall_ms"] < sum(s["host"]["total"] for s in offline["steps"]) + gap["host_ms"]
+
+
 def test_a_save_every_n_steps_inside_the_window_is_a_listed_gap(tmp_path):
     from callbacks.resumable_checkpoint import ResumableCheckpoint
 
