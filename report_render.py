@@ -38,7 +38,7 @@ def markdown(report: dict) -> str:
         ("GPU behind host at step end (ms)", o.get("lag_ms")),
     ]
     if o.get("between_steps"):
-        rows.append(("between steps (left out of images/s and GPU busy by events)", between_text(o["between_steps"])))
+        rows.append(("between steps (left out of images/s and GPU busy)", between_text(o["between_steps"])))
     if copies:
         rows += [
             ("H2D copies", f"{copies['count']} ({copies['source']}), {copies['time_ms']:.3f} ms"),
@@ -94,7 +94,7 @@ MEASURED = (
     "(events) or inside kernels on other streams (Kineto). Stragglers: ranks that spend over 5% of a step longer than "
     "the other ranks in data+optimizer+other; under DDP the fast ranks wait for them inside forward (buffer "
     "broadcast) and backward (gradient all-reduce), so those phases are left out. Work between steps (validation, "
-    "an epoch's end, a checkpoint save) is listed apart and left out of images/s and GPU busy (events); after an "
+    "an epoch's end, a checkpoint save) is listed apart and left out of images/s and GPU busy; after an "
     "epoch's end so is the next epoch's first fetch, where the loader refills: that step starts after its fetch. "
     "Copies issued inside such a gap are left out of the copy figures."
 )

@@ -285,7 +285,7 @@ def summary_lines(report: dict) -> list[str]:
             lines.append(f"  phases ({clock}): {split}")
     lines.append(f"  verdict: {report['verdict']}")
     if o.get("between_steps"):
-        lines.append(f"  between steps, left out of img/s and GPU busy (events): {between_text(o['between_steps'])}")
+        lines.append(f"  between steps, left out of img/s and GPU busy: {between_text(o['between_steps'])}")
     if report["stragglers"]:
         lines.append(
             "  stragglers: " + ", ".join(f"rank {s['rank']} (+{s['excess_pct']}%)" for s in report["stragglers"])

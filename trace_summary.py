@@ -165,20 +165,32 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         i = _find(step_ranges, step_starts, launch(c))
         if i is not None:
             h2d[i] += c["dur"] / 1000
+    # The end of the compute-stream work launched in each gap (validation's forward passes, a save's copies): the GPU
+    # may still run it after the host has started the next step.
+    gap_work_end = [
+        max((k["ts"] + k["dur"] for k, t, _ in launched if stream(k) in compute_streams and a <= t < b), default=a)
+        for a, b in host_gaps
+    ]
+    gap_after = {i: n for n, i in enumerate(sorted(gaps))}  # step index -> its gap's position in host_gaps
     rows = []
     previous_end: float | None = None
     gpu_gaps: list[Interval] = []
+    pending: float | None = None  # after a gap: where the next step with kernels starts on the GPU, at the earliest
     for i, (step, host) in enumerate(zip(steps, step_ranges, strict=True)):
         host_times = phase_times(host, phases[i])
         spans = [s for v in per_step[i].values() for s in v]
+        if i - 1 in gap_after:
+            pending = max(host[0], gap_work_end[gap_after[i - 1]])
         gpu = None
         if spans:
             first, last = min(a for a, _ in spans), max(b for _, b in spans)
             begin = host[0] if previous_end is None else previous_end
-            if i - 1 in gaps and previous_end is not None:
-                # After a gap the step's GPU time starts when the host starts it: what ran before is the gap's.
-                begin = max(previous_end, host[0])
+            if pending is not None and previous_end is not None:
+                # After a gap the step's GPU time starts when the host has started it and the gap's own work is
+                # done (never after its first kernel): what ran before belongs to the gap.
+                begin = min(first, max(previous_end, pending))
                 gpu_gaps.append((previous_end, begin))
+            pending = None
             gpu = {"data": max(0.0, first - begin)}
             for name in ("forward", "backward", "optimizer"):
                 gpu[name] = length(per_step[i][name])
@@ -209,7 +221,11 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         # well overlap compute it cannot see: such copies are left out of the overlap.
         first_kernel = min((k["ts"] for k in kernels), default=float("inf"))
         for copy_stream in {stream(c) for c in copies}:
-            cover = [(k["ts"], k["ts"] + k["dur"]) for k in kernels if stream(k) != copy_stream]
+            cover = [  # the steps' kernels: the gap's work is left out, as the gap is
+                (k["ts"], k["ts"] + k["dur"])
+                for k in kernels
+                if stream(k) != copy_stream and not any(a <= launch(k) < b for a, b in host_gaps)
+            ]
             spans = [
                 (c["ts"], c["ts"] + c["dur"]) for c in copies if stream(c) == copy_stream and c["ts"] >= first_kernel
             ]
@@ -266,13 +282,13 @@ def _gaps(
         if EPOCH_END not in names:
             continue
         start, end = step_ranges[i + 1]
-        fetches = [
+        fetches = [  # from the gap's start: a fetch that opens a microsecond before its step range still counts
             e for e in annotations
-            if e["name"] == "data" and e.get("tid", main_tid) == main_tid and start <= e["ts"] <= end
+            if e["name"] == "data" and e.get("tid", main_tid) == main_tid and step_ranges[i][1] <= e["ts"] <= end
         ]  # fmt: skip
         if fetches:
             fetch = min(fetches, key=lambda e: e["ts"])
-            fetched = float(fetch["ts"] + fetch["dur"])
+            fetched = max(start, float(fetch["ts"] + fetch["dur"]))
             step_ranges[i + 1] = (fetched, end)
             first_fetch[i] = fetched - start
     return gaps, first_fetch

@@ -224,11 +224,12 @@ class StepTimer:
                 rank_zero_info(f"profile: step report: the Kineto trace {trace} is not usable ({error})")
             else:
                 summary["source"] += "+kineto"
-                # The trace's busy fraction spans the whole window; with validation or an epoch's end inside it, the
-                # events' figure, which leaves that gap out, describes the steps.
+                # With a gap in the window (validation, an epoch's end, a save) the events' figures stay: the trace
+                # finds the same gaps, but where a step's GPU time starts after one is inferred from kernels there,
+                # and that has been checked on hand-made and CPU traces only.
                 if exact["gpu_busy"] is not None and not summary.get("between_steps"):
                     summary["gpu_busy"], summary["gpu_busy_source"] = exact["gpu_busy"], "kineto"
-                if exact["copies"] is not None and not summary.get("between_steps"):  # the trace's hold the gap's
+                if exact["copies"] is not None and not summary.get("between_steps"):
                     summary["copies"] = exact["copies"]
         summaries = [summary]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

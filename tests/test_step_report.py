@@ -279,6 +279,41 @@ def test_kineto_trace_with_validation_and_an_epoch_end_between_steps_leaves_the_
     assert report["overall"]["images_per_s"] == pytest.approx(16 / 0.0002, rel=1e-3)
 
 
+def test_kineto_trace_after_a_gap_the_gpu_step_starts_when_the_gaps_own_work_is_done():
+    """Step 1 at 0..100 us; validation at 100..200 launches a kernel the GPU runs until 500; step 2 (200..300) launches
+    nothing; step 3 (300..600) launches kernels that run from 500, and a copy that overlaps only validation's kernel."""
+    ranges = [("step 1", 0, 100), ("data", 0, 10), ("forward", 10, 30), ("backward", 40, 40), ("optimizer", 80, 15),
+              ("validation", 100, 100),
+              ("step 2", 200, 100), ("data", 200, 10), ("forward", 210, 40), ("backward", 250, 40),
+              ("step 3", 300, 300), ("data", 300, 10), ("forward", 310, 90), ("backward", 400, 100),
+              ("optimizer", 500, 90)]  # fmt: skip
+    events = [_x(name, "user_annotation", ts, dur) for name, ts, dur in ranges]
+    launches = [
+        (1, 12, _x("conv_fwd", "kernel", 15, 20, stream=7)),
+        (2, 42, _x("conv_bwd", "kernel", 45, 30, stream=7)),
+        (3, 82, _x("sgd", "kernel", 82, 10, stream=7)),
+        (4, 150, _x("conv_fwd", "kernel", 150, 350, stream=7)),  # validation, still running at 500
+        (5, 312, _x("conv_fwd", "kernel", 500, 20, stream=7)),
+        (6, 312, _x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 320, 20, stream=20)),
+        (7, 402, _x("conv_bwd", "kernel", 520, 20, stream=7)),
+        (8, 502, _x("sgd", "kernel", 540, 10, stream=7)),
+    ]
+    for correlation, ts, activity in launches:
+        events.append(_x("cudaLaunchKernel", "cuda_runtime", ts, 1, correlation=correlation))
+        activity["args"]["correlation"] = correlation
+        events.append(activity)
+    summary = summarize_trace({"traceEvents": events})
+    assert summary["between_steps"] == [{"after_step": 1, "what": "validation", "host_ms": 0.1}]
+    s1, s2, s3 = summary["steps"]
+    assert s2["gpu"] is None
+    # Not from step 1's last kernel (92 us) nor from the host's start (300 us): from the end of validation's kernel.
+    assert s3["gpu"]["data"] == 0.0 and s3["gpu"]["total"] == 0.05
+    # Busy over 0..550 us less the gap 92..500: 60 + 50 us of kernels in 142 us.
+    assert summary["gpu_busy"] == round(110 / 142, 4)
+    # The copy overlaps only the gap's kernel: not hidden behind the steps' compute.
+    assert summary["copies"]["count"] == 1 and summary["copies"]["overlap"] == 0.0
+
+
 def test_trace_between_step_range_names_are_the_apps():
     import callbacks.ranges
     import trace_summary

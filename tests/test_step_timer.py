@@ -167,7 +167,7 @@ def test_the_gap_of_an_epoch_end_and_the_next_first_fetch_are_left_out_of_wall_t
     assert report["overall"]["data_pct"] == pytest.approx(100 * 2 / 17, abs=0.01)
     lines = step_report.summary_lines(report)
     text = "epoch end after step 0 (694.0 ms, of which 200.0 ms the next epoch's first batch)"
-    assert f"  between steps, left out of img/s and GPU busy (events): {text}" in lines
+    assert f"  between steps, left out of img/s and GPU busy: {text}" in lines
     assert text in step_report.markdown(report)
     # A Kineto trace's busy fraction spans the gap: with one in the window, the events' figure stays.
     trace = tmp_path / "rank0.pt.trace.json"
