@@ -137,6 +137,10 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
     def stream(e: dict) -> Any:
         return e.get("args", {}).get("stream")
 
+    def in_gap(e: dict) -> bool:
+        """Launched in a gap between steps: the gap's work, left out with it."""
+        return any(a <= launch(e) < b for a, b in host_gaps)
+
     def phase_at(i: int, t: float) -> str:
         return next((n for n, spans in phases[i].items() for a, b in spans if a <= t <= b), "other")
 
@@ -158,7 +162,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         if e.get("cat") == "gpu_memcpy"
         and "HtoD" in e.get("name", "")
         and e.get("args", {}).get("bytes", INPUT_COPY_MIN_BYTES) >= INPUT_COPY_MIN_BYTES
-        and not any(a <= launch(e) < b for a, b in host_gaps)  # launched in a gap: the gap's, left out with it
+        and not in_gap(e)
     ]
     h2d = [0.0] * len(steps)
     for c in copies:
@@ -222,9 +226,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         first_kernel = min((k["ts"] for k in kernels), default=float("inf"))
         for copy_stream in {stream(c) for c in copies}:
             cover = [  # the steps' kernels: the gap's work is left out, as the gap is
-                (k["ts"], k["ts"] + k["dur"])
-                for k in kernels
-                if stream(k) != copy_stream and not any(a <= launch(k) < b for a, b in host_gaps)
+                (k["ts"], k["ts"] + k["dur"]) for k in kernels if stream(k) != copy_stream and not in_gap(k)
             ]
             spans = [
                 (c["ts"], c["ts"] + c["dur"]) for c in copies if stream(c) == copy_stream and c["ts"] >= first_kernel

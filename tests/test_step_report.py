@@ -177,6 +177,13 @@ def _x(name, cat, ts, dur, tid=1, **args):  # noqa: ANN001, ANN003
     return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
 
 
+def _launch(events: list, correlation: int, ts: float, activity: dict, tid: int = 1) -> None:
+    """A GPU activity and the runtime call that launched it at ``ts`` on thread ``tid``, tied by ``correlation``."""
+    events.append(_x("cudaLaunchKernel", "cuda_runtime", ts, 1, tid=tid, correlation=correlation))
+    activity["args"]["correlation"] = correlation
+    events.append(activity)
+
+
 def handmade_trace() -> dict:
     """Two steps (us): step 10 at 0..100, step 11 at 100..200, compute on stream 7, copies on side stream 20."""
     events = [_x("step 10", "user_annotation", 0, 100), _x("step 11", "user_annotation", 100, 100)]
@@ -199,9 +206,7 @@ def handmade_trace() -> dict:
         (10, 181, 1, _x("sgd", "kernel", 182, 8, stream=7)),
     ]
     for correlation, ts, tid, activity in launches:
-        events.append(_x("cudaLaunchKernel", "cuda_runtime", ts, 1, tid=tid, correlation=correlation))
-        activity["args"]["correlation"] = correlation
-        events.append(activity)
+        _launch(events, correlation, ts, activity, tid)
     events.append(_x("step 10", "gpu_user_annotation", 15, 77))  # not a host range: ignored
     events.append(_x("aten::conv2d", "cpu_op", 12, 3))
     return {"traceEvents": events, "distributedInfo": {"rank": 3}}
@@ -253,10 +258,8 @@ def test_kineto_trace_with_validation_and_an_epoch_end_between_steps_leaves_the_
         (8, 631, _x("conv_bwd", "kernel", 632, 20, stream=7)),
         (9, 661, _x("sgd", "kernel", 662, 10, stream=7)),
     ]
-    for correlation, ts, activity in launches:
-        events.append(_x("cudaLaunchKernel", "cuda_runtime", ts, 1, correlation=correlation))
-        activity["args"]["correlation"] = correlation
-        events.append(activity)
+    for launch in launches:
+        _launch(events, *launch)
     summary = summarize_trace({"traceEvents": events}, batch_size=8)
     # The gap: 100..600 us on the host, the 200 us fetch included; the window's wall time is the rest.
     assert summary["between_steps"] == [{"after_step": 10, "what": "validation + epoch end + checkpoint",
@@ -298,10 +301,8 @@ def test_kineto_trace_after_a_gap_the_gpu_step_starts_when_the_gaps_own_work_is_
         (7, 402, _x("conv_bwd", "kernel", 520, 20, stream=7)),
         (8, 502, _x("sgd", "kernel", 540, 10, stream=7)),
     ]
-    for correlation, ts, activity in launches:
-        events.append(_x("cudaLaunchKernel", "cuda_runtime", ts, 1, correlation=correlation))
-        activity["args"]["correlation"] = correlation
-        events.append(activity)
+    for launch in launches:
+        _launch(events, *launch)
     summary = summarize_trace({"traceEvents": events})
     assert summary["between_steps"] == [{"after_step": 1, "what": "validation", "host_ms": 0.1}]
     s1, s2, s3 = summary["steps"]
