@@ -46,6 +46,7 @@ def markdown(report: dict) -> str:
                 "H2D overlapped with compute",
                 f"{100 * copies['overlap']:.1f}%" if copies["overlap"] is not None else None,
             ),
+            ("compute waited for input (ms)", copies.get("waited_ms")),
             ("pinned / pageable / unknown", f"{copies['pinned']} / {copies['pageable']} / {copies['unknown']}"),
         ]
     out += [f"| {k} | {'n/a' if v is None else v} |" for k, v in rows]
@@ -91,7 +92,12 @@ MEASURED = (
     "the rest of the window (an upper bound: gaps between kernels inside a phase count as busy). From a Kineto trace "
     "GPU phases are kernel time and GPU busy is exact. `h2d` is the copy and normalization on the prefetcher's side "
     "stream; its overlap is the share of copy time that lies inside the compute stream's forward..optimizer spans "
-    "(events) or inside kernels on other streams (Kineto). Stragglers: ranks that spend over 5% of a step longer than "
+    "(events) or inside kernels on other streams (Kineto). Compute waited for input: in each fetch, how long the "
+    "compute stream took to pass it beyond the host's own time (events), or how much later than both its launch and "
+    "the kernels before it the first compute kernel after a fetch started (Kineto): the batch's copy was not done. "
+    "A copy that overlaps no compute while the compute stream has nothing issued (a window's first step, which the "
+    "profiler's start drains) holds nothing up: the prefetch counts as hidden while at most 10% of copy time is "
+    "waited for. Stragglers: ranks that spend over 5% of a step longer than "
     "the other ranks in data+optimizer+other; under DDP the fast ranks wait for them inside forward (buffer "
     "broadcast) and backward (gradient all-reduce), so those phases are left out. Work between steps (validation, "
     "an epoch's end, a checkpoint save) is listed apart and left out of images/s and GPU busy; after an "

@@ -37,7 +37,7 @@ from trace_summary import PHASES, TRACE_NAME_RE, copy_stats, load_trace, summari
 #: Thresholds of the verdict.
 DATA_WAIT_PCT = 5.0  # data wait above this share of the step: input-bound
 ZERO_DATA_PCT = 1.0  # below this the data wait counts as zero
-OVERLAP_OK = 0.9  # fraction of H2D copy time that overlaps compute for the prefetch to count as hidden
+OVERLAP_OK = 0.9  # fraction of H2D copy time that must not hold up compute for the prefetch to count as hidden
 BUSY_OK = 0.9  # GPU busy fraction below which the run is host-bound (when the data wait is not the cause)
 LAG_HOST_BOUND = 0.1  # GPU trailing the host by less than this share of a step: the GPU waits for launches
 #: Phases without DDP collectives: forward starts with the buffer broadcast, backward holds the gradient all-reduce,
@@ -117,14 +117,15 @@ def build_report(summaries: Sequence[dict]) -> dict:
 
     A rank summary is ``{"rank", "device", "source", "window": [first, last], "steps": [{"step", "images",
     "host": {phase: ms, "total": ms}, "gpu": {...} | None, "h2d": ms | None, "lag": ms | None}], "wall_ms",
-    "gpu_busy", "gpu_busy_source", "copies": {"count", "time_ms", "overlapped_ms", "overlap", "pinned",
-    "pageable", "unknown"} | None}``.
+    "gpu_busy", "gpu_busy_source", "copies": {"count", "time_ms", "overlapped_ms", "overlap", "waited_ms",
+    "hidden", "pinned", "pageable", "unknown"} | None}`` (``trace_summary.copy_stats``).
     """
     ranks = sorted((dict(s) for s in summaries), key=lambda s: s["rank"])
     for r in ranks:
         r["stats"] = rank_stats(r)
     copies = [r["copies"] for r in ranks if r.get("copies")]
     copy_time = sum(c["time_ms"] for c in copies)
+    waited = [c.get("waited_ms") for c in copies]
     overall_copies = (
         copy_stats(
             copy_time,
@@ -133,6 +134,7 @@ def build_report(summaries: Sequence[dict]) -> dict:
             sum(c["pageable"] for c in copies),
             sum(c["count"] for c in copies),
             "/".join(sorted({c["source"] for c in copies})),
+            None if None in waited else sum(waited),
         )
         if copies
         else None
@@ -215,10 +217,16 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             advice = "more data.workers or data.decode gpu"
         findings.append(f"input-bound: data wait is {data:.1f}% of the step{where}; {advice}")
     overlapped = copies["overlap"] if copies else None
-    if overlapped is not None and overlapped < OVERLAP_OK and not (data is not None and data > DATA_WAIT_PCT):
+    # Hidden: overlapped, or run while the compute stream had nothing issued to run (then the host, not the copy, is
+    # what the GPU waited for). A report without the wait (older JSON) judges the overlap alone.
+    hidden = copies.get("hidden", overlapped) if copies else None
+    if hidden is not None and hidden < OVERLAP_OK and not (data is not None and data > DATA_WAIT_PCT):
+        waited = copies.get("waited_ms")
         findings.append(
-            f"copies serialize with compute: {100 * overlapped:.1f}% of H2D time overlaps compute kernels; issue them "
-            "non_blocking from pinned memory on a side stream a batch ahead, with no host sync in the step"
+            f"copies serialize with compute: {100 * overlapped:.1f}% of H2D time overlaps compute kernels"
+            + (f" and compute waited {waited:.2f} ms for its input" if waited is not None else "")
+            + "; issue them non_blocking from pinned memory on a side stream a batch ahead, with no host sync in the "
+            "step"
         )
     input_ok = not findings
     busy, lag, step = overall.get("gpu_busy"), overall.get("lag_ms"), overall.get("gpu_step_ms")
@@ -260,9 +268,12 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
                 kind = "JPEGs decoded on the GPU"  # data.decode gpu: encoded bytes, no pixel copy to pin
             else:
                 kind = f"pinned {copies['pinned']} of {copies['count']}"
-            head = f"prefetch hidden: {100 * overlapped:.1f}% overlapped, {kind}, {data_text}"
+            share = f"{100 * overlapped:.1f}% overlapped"
+            if overlapped < OVERLAP_OK:  # hidden all the same: the rest ran while the GPU waited for the host
+                share += f", compute waited {copies['waited_ms']:.2f} ms for input"
+            head = f"prefetch hidden: {share}, {kind}, {data_text}"
             if data is not None and data >= ZERO_DATA_PCT:
-                head = f"prefetch overlapped ({100 * overlapped:.1f}%, {kind}) but {data_text}"
+                head = f"prefetch hidden ({share}, {kind}) but {data_text}"
         return findings, "; ".join([head.rstrip("; "), *findings])
     return findings, "; ".join(findings)
 

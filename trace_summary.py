@@ -233,6 +233,10 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
             ]
             t, o = overlap(spans, cover)
             total, inside = total + t, inside + o
+        compute = sorted(
+            (float(k["ts"]), float(k["ts"] + k["dur"]), t) for k, t, _ in launched if stream(k) in compute_streams
+        )
+        fetched = [end for p in phases for _, end in p["data"]]  # an epoch's first fetch, in its gap, is not here
         copy_summary = copy_stats(
             total / 1000,
             inside / 1000,
@@ -240,6 +244,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
             pageable=sum("Pageable" in c["name"] for c in copies),
             count=len(copies),
             source="kineto",
+            waited_ms=input_wait(compute, fetched) / 1000,
         )
     return {
         "rank": rank,
@@ -262,6 +267,25 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         "copies": copy_summary,
         "input": "trace",
     }
+
+
+def input_wait(compute: Sequence[tuple[float, float, float]], fetched: Sequence[float]) -> float:
+    """How long the compute stream waited for its input: after each fetch (the end of a ``data`` range), the first
+    compute kernel launched after it starts later than both its launch and the end of the compute work before it.
+
+    ``compute`` holds ``(start, end, launch)`` of the compute stream's kernels, sorted by start. A kernel that starts
+    as soon as it is launched waited for the host, not for the input; one that starts when the kernels before it end
+    waited for nothing. What remains is the stream waiting on the prefetcher's event: the copy (or GPU decode) of the
+    batch was not done.
+    """
+    waited = 0.0
+    for done in fetched:
+        first = min((k for k in compute if k[2] >= done), key=lambda k: k[2], default=None)
+        if first is None:
+            continue
+        before = max((end for start, end, _ in compute if start < first[0]), default=float("-inf"))
+        waited += max(0.0, first[0] - max(before, first[2]))
+    return waited
 
 
 def _gaps(
@@ -306,13 +330,34 @@ def _ms(times: dict[str, float], scale: float = 1e-3) -> dict[str, float]:
     return {k: round(v * scale, 4) for k, v in times.items()}
 
 
-def copy_stats(time_ms: float, overlapped_ms: float, pinned: int, pageable: int, count: int, source: str) -> dict:
-    """The ``copies`` entry of a rank summary."""
+def copy_stats(
+    time_ms: float,
+    overlapped_ms: float,
+    pinned: int,
+    pageable: int,
+    count: int,
+    source: str,
+    waited_ms: float | None = None,
+) -> dict:
+    """The ``copies`` entry of a rank summary.
+
+    ``waited_ms`` is how long the compute stream waited for its input after the host had issued its next work (see
+    :func:`input_wait`). A copy that does not overlap compute costs the step nothing when the compute stream had
+    nothing to run meanwhile (the host had not issued the step yet, as at a window's start, which the profiler's own
+    start drains): ``hidden`` is the share of copy time that did not hold up compute, ``1 - min(waited, not
+    overlapped) / time``; without ``waited_ms`` it is the overlap.
+    """
+    overlap_share = overlapped_ms / time_ms if time_ms > 0 else None
+    hidden = overlap_share
+    if waited_ms is not None and time_ms > 0:
+        hidden = 1.0 - min(waited_ms, time_ms - overlapped_ms) / time_ms
     return {
         "count": count,
         "time_ms": round(time_ms, 4),
         "overlapped_ms": round(overlapped_ms, 4),
-        "overlap": round(overlapped_ms / time_ms, 4) if time_ms > 0 else None,
+        "overlap": round(overlap_share, 4) if overlap_share is not None else None,
+        "waited_ms": round(waited_ms, 4) if waited_ms is not None else None,
+        "hidden": round(hidden, 4) if hidden is not None else None,
         "pinned": pinned,
         "pageable": pageable,
         "unknown": count - pinned - pageable,

@@ -231,12 +231,47 @@ def test_kineto_trace_gives_known_phases_overlap_and_busy_fraction():
     # The first copy starts before the trace's first kernel (it may overlap kernels launched before the trace): left
     # out. The second, 120..140 us, overlaps conv_fwd on stream 7 at 132..142 for 8 us.
     assert copies["time_ms"] == 0.02 and copies["overlapped_ms"] == 0.008 and copies["overlap"] == 0.4
+    # The first compute kernel after each fetch starts 3 us (15 vs its launch at 12) and 1 us (132 vs 131) after the
+    # later of its launch and the compute before it: the launch latency, not a wait for the copy.
+    assert copies["waited_ms"] == 0.004 and copies["hidden"] == 0.8
     # Kernels on all streams, 15..75, 82..92, 132..142, 152..172, 182..190 = 108 us of the 0..190 us span.
     assert summary["gpu_busy"] == round(108 / 190, 4) and summary["gpu_busy_source"] == "kineto"
     assert summary["wall_ms"] == 0.2
     report = build_report([summary])
     assert report["findings"][0] == "copies are pageable (1 of 2): enable pin_memory in the DataLoader"
     assert report["findings"][1].startswith("input-bound: data wait is 20.0% of the step")
+
+
+def test_input_wait_is_what_the_first_kernel_after_a_fetch_waits_beyond_its_launch_and_the_work_before_it():
+    compute = [(0.0, 40.0, 0.0), (40.0, 50.0, 20.0), (70.0, 90.0, 55.0), (94.0, 99.0, 94.0), (130.0, 140.0, 120.0)]
+    # Fetch ends at 50: the next launch (55) finds the stream idle (the work before it ended at 50) and starts at 70:
+    # 15 us on the input. Fetch ends at 100: launched at 120, the stream idle since 99, started at 130: 10 us.
+    assert trace_summary.input_wait(compute, [50.0]) == 15.0
+    assert trace_summary.input_wait(compute, [50.0, 100.0]) == 25.0
+    # A kernel that starts when the work queued before it ends (fetch 10: launched at 20, ran at 40 after the kernel
+    # before it) or as soon as it is launched (fetch 90: 94) waited for nothing.
+    assert trace_summary.input_wait(compute, [10.0, 90.0]) == 0.0
+    assert trace_summary.input_wait(compute, [200.0]) == 0.0  # no kernel after the fetch
+
+
+def test_a_copy_that_holds_up_compute_is_judged_by_what_compute_waited():
+    # 40 ms of copies, 10 overlapped: serialized when compute waited for most of the rest, hidden when it did not.
+    held = trace_summary.copy_stats(40, 10, 4, 0, 4, "events", waited_ms=25.0)
+    assert held["hidden"] == 0.375
+    line = build_report([rank_summary(copies=held)])["verdict"]
+    assert "serialize with compute: 25.0% of H2D time overlaps compute kernels and compute waited 25.00 ms for" in line
+    free = trace_summary.copy_stats(40, 10, 4, 0, 4, "events", waited_ms=0.5)
+    report = build_report([rank_summary(copies=free)])
+    assert free["hidden"] == 0.9875 and report["findings"] == []
+    assert (
+        report["verdict"]
+        == "prefetch hidden: 25.0% overlapped, compute waited 0.50 ms for input, pinned, data wait 0.1%"
+    )
+    # Over ranks the waits add up; a rank summary without one (an older report) judges the overlap alone.
+    two = build_report([rank_summary(rank=0, copies=free), rank_summary(rank=1, copies=held)])["overall"]["copies"]
+    assert two["waited_ms"] == 25.5 and two["hidden"] == pytest.approx(1 - 25.5 / 80, abs=1e-4)
+    old = {k: v for k, v in free.items() if k not in ("waited_ms", "hidden")}
+    assert build_report([rank_summary(copies=old)])["overall"]["copies"]["hidden"] == 0.25
 
 
 def test_kineto_trace_with_validation_and_an_epoch_end_between_steps_leaves_the_gap_out():
@@ -417,7 +452,7 @@ def test_gpu_window_reports_gpu_times_pinned_copies_and_overlap(tmp_path: Path, 
         assert s["h2d"] is not None and s["h2d"] > 0
     copies = report["overall"]["copies"]
     assert copies["count"] >= 3 and copies["pinned"] == copies["count"] and copies["pageable"] == 0
-    assert 0.0 <= copies["overlap"] <= 1.0
+    assert 0.0 <= copies["overlap"] <= copies["hidden"] <= 1.0 and copies["waited_ms"] >= 0.0
     assert 0.0 < report["overall"]["gpu_busy"] <= 1.0
     assert rank["source"] == ("events+kineto" if torch_profiler else "events")
     assert copies["source"] == ("kineto" if torch_profiler else "events")

@@ -123,9 +123,53 @@ def test_events_give_known_phase_times_lag_busy_fraction_and_copy_overlap():
     copies = summary["copies"]
     assert copies["time_ms"] == pytest.approx(10) and copies["overlapped_ms"] == pytest.approx(5)
     assert copies["overlap"] == pytest.approx(0.5)
+    # The GPU passed step 0's fetch at 3 ms, 1 ms after the host (2 ms); step 1's at 27 ms, 1 ms after it reached the
+    # fetch (26 ms): 2 ms of compute waiting for input, of the 5 ms of copy time outside compute.
+    assert copies["waited_ms"] == pytest.approx(2) and copies["hidden"] == pytest.approx(0.8)
     assert (copies["count"], copies["pinned"], copies["pageable"]) == (2, 1, 1)
     assert summary["wall_ms"] == pytest.approx(12) and summary["window"] == [0, 1] and summary["device"] == "cuda:0"
     assert summary["input"] == "prefetcher"
+
+
+@pytest.mark.parametrize("held_up", [False, True])
+def test_a_copy_run_while_the_gpu_waits_for_the_host_is_hidden_one_that_compute_waits_for_is_not(held_up: bool):
+    """A window's first step on a GPU that the window's start drained (the host and GPU clocks agree): the copy of
+    the next batch, issued in the step's fetch, runs while the compute stream has nothing issued, so it overlaps no
+    compute and holds nothing up. With ``held_up`` the step's own batch is still being copied when the host has
+    finished the fetch: the compute stream waits for it."""
+    fake = FakeDevice()
+    timer = StepTimer()
+    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    prefetcher = DevicePrefetcher([], "cpu")
+    trainer = fake_trainer("cuda:0", loader=[prefetcher])
+    timer.start(trainer, (0, 2))
+    # Step 0: fetch 0..1 ms on both clocks; the copy runs 0.2..0.8 (or, held up, 0.2..2, passing the fetch at 2).
+    copy_end, fetched = (2.0, 2.0) if held_up else (0.8, 1.0)
+    prefetcher.timing.append(CopyEvents(fake.event(0.2), fake.event(copy_end), fake.event(copy_end), 0.0002, True, 1))
+    run_step(timer, fake, 0, [(0, 0), (1, fetched), (10, 15), (20, 35), (30, 40)])
+    # Step 1: the host is ahead; its copy (host 31.5 ms) runs at 31.5..32.5, inside step 0's compute.
+    prefetcher.timing.append(CopyEvents(fake.event(31.5), fake.event(32.5), fake.event(32.5), 0.0315, True, 1))
+    run_step(timer, fake, 1, [(31, 40), (32, 40), (40, 50), (50, 70), (60, 80)])
+    fake.at(100, 100)
+    summary = timer.finish(trainer)
+    copies = summary["copies"]
+    report = step_report.build_report([summary])
+    if not held_up:
+        assert (copies["time_ms"], copies["overlapped_ms"]) == (pytest.approx(1.6), pytest.approx(1))
+        assert copies["overlap"] == 0.625 and copies["waited_ms"] == 0 and copies["hidden"] == 1.0
+        assert report["findings"] == []
+        assert report["verdict"] == (
+            "prefetch hidden (62.5% overlapped, compute waited 0.00 ms for input, pinned) but data wait 3.4%"
+        )
+    else:  # 1.8 ms outside compute, of which the compute stream waited 1 (2 ms on the GPU, the host done at 1)
+        assert (copies["time_ms"], copies["overlapped_ms"]) == (pytest.approx(2.8), pytest.approx(1))
+        assert copies["waited_ms"] == pytest.approx(1) and copies["hidden"] == pytest.approx(1 - 1 / 2.8, abs=1e-4)
+        assert report["findings"] == [
+            "copies serialize with compute: 35.7% of H2D time overlaps compute kernels and compute waited 1.00 ms "
+            "for its input; issue them non_blocking from pinned memory on a side stream a batch ahead, with no host "
+            "sync in the step"
+        ]
+    assert "| compute waited for input (ms) |" in step_report.markdown(report)
 
 
 def test_the_gap_of_an_epoch_end_and_the_next_first_fetch_are_left_out_of_wall_time_and_gpu_busy(tmp_path, monkeypatch):
@@ -169,16 +213,22 @@ def test_the_gap_of_an_epoch_end_and_the_next_first_fetch_are_left_out_of_wall_t
     text = "epoch end after step 0 (694.0 ms, of which 200.0 ms the next epoch's first batch)"
     assert f"  between steps, left out of img/s and GPU busy: {text}" in lines
     assert text in step_report.markdown(report)
-    # A Kineto trace's busy fraction spans the gap: with one in the window, the events' figure stays.
+    # A Kineto trace of the window leaves the same gap out (trace_summary): its kernel-exact figures replace the
+    # events' upper bound, gap or not; the gap's listing stays the events'.
     trace = tmp_path / "rank0.pt.trace.json"
     trace.write_text("{}")
-    exact = {"gpu_busy": 0.5, "gpu_busy_source": "kineto", "copies": None}
+    exact_copies = trace_summary.copy_stats(0.8, 0.8, 1, 0, 1, "kineto", waited_ms=0.0)
+    exact = {"gpu_busy": 0.5, "gpu_busy_source": "kineto", "copies": exact_copies}
     monkeypatch.setattr(trace_summary, "summarize_trace", lambda *args, **kwargs: exact)
     result, _ = timer.report(trainer, dict(summary), tmp_path / "report", trace)
-    assert result["overall"]["gpu_busy"] == round(27 / 31, 4) and result["overall"]["gpu_busy_source"] == "events"
+    assert result["overall"]["gpu_busy"] == 0.5 and result["overall"]["gpu_busy_source"] == "kineto"
+    assert result["overall"]["copies"]["source"] == "kineto" and result["overall"]["between_steps"] == [gap]
     assert result["ranks"][0]["source"] == "events+kineto"
-    result, _ = timer.report(trainer, {**summary, "between_steps": []}, tmp_path / "report", trace)
-    assert result["overall"]["gpu_busy"] == 0.5  # no gap: the trace's kernel-exact figure
+    # A trace that cannot be read leaves the events' figures.
+    trace.write_text("not json")
+    monkeypatch.undo()
+    result, _ = timer.report(trainer, dict(summary), tmp_path / "report", trace)
+    assert result["overall"]["gpu_busy"] == round(27 / 31, 4) and result["ranks"][0]["source"] == "events"
 
 
 def test_a_step_without_a_fetch_range_after_an_epoch_end_keeps_its_start():
