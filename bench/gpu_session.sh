@@ -24,6 +24,8 @@
 #            VARIANTS default app_folder_gpu@0.85): per-core load and clock, the busiest threads (main, producer,
 #            workers) of every rank
 # VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
+# under compile-P an app row may name its torch.compile mode, e.g. app_synthetic:reduce-overhead (max-autotune
+# compiles for minutes: raise STAGE_TIMEOUT and STACKS_AFTER_S, each variant's own limit, default 240 s compiled);
 # LAUNCHER=lightning runs the ddp stage's app rows under Lightning's own launcher instead of torchrun.
 # The JPEG folder holds at least 40,000 training images: the 20 + 50 steps of batch 256 stay inside each GPU's first
 # epoch (bench/throughput.py refuses a folder where they would not; with 30,000, 2 GPUs crossed an epoch's end).
@@ -63,8 +65,8 @@ for stage in "$@"; do
     stacks=150; [ "${stage%%-*}" = compile ] && flags=(--compile) && variants=raw,app_synthetic,app_folder_gpu \
       && stacks=240
     variants=${VARIANTS:-$variants}
-    BENCH_STACKS_AFTER_S=$stacks timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \
-      --channels-last "${flags[@]}" --workers "$(nproc)" --variants "$variants" --data "$data" \
+    BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-$stacks} timeout "$limit" python3 bench/throughput.py --arch resnet50 \
+      --precision "$p" --channels-last "${flags[@]}" --workers "$(nproc)" --variants "$variants" --data "$data" \
       > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
   split-*)

@@ -5,6 +5,8 @@ line; the parent prints a Markdown table with ratios to the plain loop.
 
     python bench/throughput.py --arch resnet50 --precision bf16 --channels-last            # eager
     python bench/throughput.py --arch resnet50 --precision fp16 --channels-last --compile
+    python bench/throughput.py ... --compile --variants raw,app_synthetic,app_synthetic:max-autotune-no-cudagraphs
+    python bench/throughput.py ... --compile --variants app_synthetic:reduce-overhead,app_folder_gpu@0.8:reduce-overhead
     python bench/throughput.py ... --variants raw,app_synthetic,app_nvtx,app_folder --data /data/jpegs
     python bench/throughput.py ... --gpus 1,2 --launcher torchrun      # DDP scaling, each variant on 1 and 2 GPUs
     taskset -c 0-15 python bench/throughput.py ... --workers 14 --variants app_synthetic,app_folder_gpu@0.7
@@ -29,8 +31,20 @@ Variants:
                    +bucket_view (gradient_as_bucket_view: gradients are views into the all-reduce buckets, no copy),
                    +static_graph, +bucket_mb=N (bucket_cap_mb, torch's default 25), e.g. app_synthetic+bucket_view;
                    on 1 GPU (no DDP) such a variant listed after its base shows the base's row, marked "(= base)"
+    APP_VARIANT:MODE  an app variant compiled with torch.compile mode MODE (under --compile only): default,
+                   reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs (ImageNetClassifier's
+                   model.compile); without one an app variant under --compile uses default. The plain loop always
+                   compiles with the default mode: raw takes no suffix. e.g. app_synthetic:reduce-overhead next to
+                   app_synthetic; a folder row is compared with the app_synthetic row of its own mode if listed
+
+    Order: NAME[@SHARE][:MODE][+OPTION...], e.g. app_folder_gpu@0.85:reduce-overhead+bucket_view. The full string
+    names the row in the table.
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
+The warm-up (default 20 steps eager, 60 compiled) is the same for every variant of a run whatever its compile mode,
+so that the rows compare alike. Compilation happens in the warm-up and is not timed, but max-autotune (with or
+without CUDA graphs) benchmarks kernels for minutes per variant: allow for it in any time limit around the run
+(``BENCH_STACKS_AFTER_S`` applies to each variant's process; bench/gpu_session.sh's STAGE_TIMEOUT to the whole run).
 Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
 launcher (``--launcher lightning``: it re-executes this script per rank) or under torchrun. Images/s count all GPUs;
 "scaling" is img/s on N GPUs / (N x img/s of the same variant on 1 GPU).
@@ -63,11 +77,15 @@ VARIANTS = (
 
 
 DDP_OPTIONS = ("bucket_view", "static_graph", "bucket_mb=N")
+# ImageNetClassifier's ``compile`` modes (torch.compile's ``mode``); tests/test_throughput_bench.py checks they match.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def ddp_options(variant: str) -> tuple[str, dict]:
     """``app_synthetic+bucket_view+bucket_mb=50`` -> ``("app_synthetic", {"gradient_as_bucket_view": True,
-    "bucket_cap_mb": 50.0})``: the variant without its options, and the keyword arguments for torch's DDP."""
+    "bucket_cap_mb": 50.0})``: the variant without its options, and the keyword arguments for torch's DDP.
+    A compile mode stays with the variant (``app_synthetic:reduce-overhead+bucket_view`` ->
+    ``app_synthetic:reduce-overhead``): it comes before the options."""
     variant, *options = variant.split("+")
     if options and not variant.startswith("app_"):
         raise ValueError(f"DDP options {'+'.join(options)!r}: only app variants take them, not {variant!r}")
@@ -81,14 +99,37 @@ def ddp_options(variant: str) -> tuple[str, dict]:
         elif key == "bucket_mb" and eq and value.replace(".", "", 1).isdigit() and float(value) > 0:
             kwargs["bucket_cap_mb"] = float(value)
         else:
-            raise ValueError(f"unknown DDP option {option!r} in {variant}+...; valid: {', '.join(DDP_OPTIONS)} (N > 0)")
+            hint = " (a :MODE suffix goes before the +options)" if ":" in option else ""
+            raise ValueError(
+                f"unknown DDP option {option!r} in {variant}+...; valid: {', '.join(DDP_OPTIONS)} (N > 0){hint}"
+            )
     return variant, kwargs
+
+
+def compile_mode(variant: str) -> tuple[str, str | None]:
+    """``app_folder_gpu@0.85:reduce-overhead+bucket_view`` -> ``("app_folder_gpu@0.85+bucket_view",
+    "reduce-overhead")``: the variant without its torch.compile mode, and the mode (None without a ``:MODE``
+    suffix). Only app variants take one, and only one of ``COMPILE_MODES``."""
+    head, plus, options = variant.partition("+")
+    name, colon, mode = head.partition(":")
+    if not colon:
+        return variant, None
+    if mode not in COMPILE_MODES:
+        hint = " (order: NAME[@SHARE][:MODE][+OPTION...])" if "@" in mode else ""
+        raise ValueError(f"variant {variant!r}: unknown compile mode {mode!r}; valid: {', '.join(COMPILE_MODES)}{hint}")
+    if not name.startswith("app_"):
+        raise ValueError(
+            f"variant {variant!r}: only app variants take a compile mode; the plain loop always compiles with "
+            "torch.compile's default mode"
+        )
+    return name + plus + options, mode
 
 
 def split_variant(variant: str) -> tuple[str, float]:
     """``app_folder_gpu@0.7`` -> ``("app_folder_gpu", 0.7)``; any other variant has a CPU decode share of 0.
-    DDP options after ``+`` are checked and left out (``ddp_options``)."""
-    name, at, share = ddp_options(variant)[0].partition("@")
+    DDP options after ``+`` (``ddp_options``) and a compile mode after ``:`` (``compile_mode``) are checked and left
+    out."""
+    name, at, share = compile_mode(ddp_options(variant)[0])[0].partition("@")
     if name not in VARIANTS or (at and not name.startswith("app_folder_gpu")):
         raise ValueError(
             f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, "
@@ -156,6 +197,15 @@ def run_raw(a: argparse.Namespace) -> dict:
     return result
 
 
+def app_compile_mode(variant: str, compiled: bool) -> str | None:
+    """The ``compile`` argument of ImageNetClassifier for app variant ``variant``: its ``:MODE``, else "default"
+    under ``--compile``, else None (eager). A mode without ``--compile`` is refused."""
+    mode = compile_mode(variant)[1]
+    if mode and not compiled:
+        raise ValueError(f"variant {variant!r}: a compile mode (:MODE) needs --compile")
+    return (mode or "default") if compiled else None
+
+
 def run_app(a: argparse.Namespace, variant: str) -> dict:
     import pytorch_lightning as pl
     import torch
@@ -173,6 +223,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
 
     name, cpu_share = split_variant(variant)
     ddp_kwargs = ddp_options(variant)[1]
+    mode = app_compile_mode(variant, a.compile)
     folder = name.startswith("app_folder")
     if name.endswith("_pageable"):
         import gpu_decode
@@ -199,7 +250,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         num_classes=data.num_classes,
         batch_size=a.batch,
         channels_last=a.channels_last,
-        compile="default" if a.compile else None,
+        compile=mode,
         fused_sgd=False if name.endswith("_foreach") else None,
     )
     timer = StepClock(a.warmup, a.warmup + a.steps)
@@ -235,7 +286,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         "arch": a.arch,
         "precision": a.precision,
         "channels_last": a.channels_last,
-        "compile": a.compile,
+        "compile": mode or False,  # the mode (truthy) or False: still reads as "compiled?"
         "batch_per_gpu": a.batch,
         "img_s": round(a.steps * a.batch * gpus / dt, 1),
         "ms_per_step": round(dt * 1000 / a.steps, 2),
@@ -297,6 +348,9 @@ def main(argv: list[str] | None = None) -> None:
     folders = [v for v in a.variants.split(",") if v.startswith("app_folder")]
     if max(gpu_counts) == 1 and "+" in a.variants:
         sys.exit("--variants: DDP options (+...) need --gpus with a count above 1")
+    moded = [v for v in a.variants.split(",") if compile_mode(v)[1]]
+    if moded and not a.compile:
+        sys.exit(f"--variants: compile modes (:MODE) need --compile: {', '.join(moded)}")
     if folders and not a.data:
         sys.exit("app_folder needs --data PATH (an ImageNet-layout JPEG folder: bench/make_jpeg_folder.py)")
     if folders:  # the most GPUs give each the fewest batches an epoch: one count of the folder, one check
@@ -335,13 +389,16 @@ def main(argv: list[str] | None = None) -> None:
 
 def table(rows: dict[tuple[str, int], dict], config: str) -> list[str]:
     """The Markdown table of ``rows`` ((variant, GPUs) -> result): ratios to the plain loop and, for the JPEG-folder
-    rows, to the app on synthetic data (the input path's own cost), at the same GPU count; scaling against 1 GPU."""
+    rows, to the app on synthetic data (the input path's own cost), at the same GPU count; scaling against 1 GPU.
+    A folder row with a compile mode is compared with the synthetic row of that mode (``app_synthetic:MODE``) if
+    there is one, else with plain ``app_synthetic``; one without, with ``app_synthetic`` (else ``:default``, the
+    same mode under --compile)."""
     lines = [
         f"| variant ({config}) | GPUs | img/s | ms/step | vs raw | vs synthetic | scaling | peak GiB | peak vs raw |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for (variant, gpus), r in rows.items():
-        base, synthetic, one = rows.get(("raw", gpus)), rows.get(("app_synthetic", gpus)), rows.get((variant, 1))
+        base, synthetic, one = rows.get(("raw", gpus)), synthetic_row(rows, variant, gpus), rows.get((variant, 1))
         ratio = f"{r['img_s'] / base['img_s']:.3f}" if base else "-"
         vs_synthetic = (
             f"{r['img_s'] / synthetic['img_s']:.3f}" if synthetic and variant.startswith("app_folder") else "-"
@@ -354,6 +411,14 @@ def table(rows: dict[tuple[str, int], dict], config: str) -> list[str]:
             f"| {r['peak_mem_gib']:.2f} | {mem} |"
         )
     return lines
+
+
+def synthetic_row(rows: dict[tuple[str, int], dict], variant: str, gpus: int) -> dict | None:
+    """The ``app_synthetic`` row on ``gpus`` GPU(s) to compare ``variant`` with: that of ``variant``'s compile mode
+    where listed, else the plain one."""
+    mode = compile_mode(variant)[1]
+    names = [f"app_synthetic:{mode}", "app_synthetic"] if mode else ["app_synthetic", "app_synthetic:default"]
+    return next((rows[name, gpus] for name in names if (name, gpus) in rows), None)
 
 
 if __name__ == "__main__":

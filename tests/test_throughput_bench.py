@@ -148,3 +148,175 @@ def test_a_folder_whose_epoch_ends_inside_the_timed_steps_is_refused(throughput,
                          "--warmup", "2", "--steps", "11", "--gpus", "1,2"])  # fmt: skip
     with pytest.raises(SystemExit, match=r"no class folders in .*missing"):
         throughput.check_epoch_room(str(tmp_path / "missing"), gpus=1, batch=4, warmup=2, steps=11)
+
+
+def test_compile_modes_are_those_of_the_classifier(throughput) -> None:
+    import typing
+
+    from imagenet_module import ImageNetClassifier
+
+    hint = typing.get_type_hints(ImageNetClassifier.__init__)["compile"]
+    literal = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    assert throughput.COMPILE_MODES == typing.get_args(literal)
+
+
+def test_compile_mode_suffixes_parse_with_share_and_ddp_options(throughput) -> None:
+    assert throughput.compile_mode("app_synthetic") == ("app_synthetic", None)
+    assert throughput.compile_mode("raw") == ("raw", None)
+    for mode in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+        assert throughput.compile_mode(f"app_synthetic:{mode}") == ("app_synthetic", mode)
+    # NAME[@SHARE][:MODE][+OPTION...]: each helper strips its own part and keeps the others.
+    full = "app_folder_gpu@0.85:reduce-overhead+bucket_view+bucket_mb=50"
+    assert throughput.compile_mode(full) == ("app_folder_gpu@0.85+bucket_view+bucket_mb=50", "reduce-overhead")
+    assert throughput.ddp_options(full) == (
+        "app_folder_gpu@0.85:reduce-overhead",
+        {"gradient_as_bucket_view": True, "bucket_cap_mb": 50.0},
+    )
+    assert throughput.split_variant(full) == ("app_folder_gpu", 0.85)
+    assert throughput.split_variant("app_folder_gpu_pageable@0.7:max-autotune") == ("app_folder_gpu_pageable", 0.7)
+    assert throughput.split_variant("app_synthetic_foreach:max-autotune-no-cudagraphs") == ("app_synthetic_foreach", 0)
+
+
+def test_bad_compile_modes_and_a_mode_on_raw_are_refused(throughput) -> None:
+    valid = "valid: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"
+    for bad, message in [
+        ("app_synthetic:max_autotune", f"'app_synthetic:max_autotune': unknown compile mode 'max_autotune'; {valid}"),
+        ("app_synthetic:", "unknown compile mode ''"),
+        ("app_synthetic:default:default", "unknown compile mode 'default:default'"),
+        ("app_folder_gpu:reduce-overhead@0.7", r"order: NAME\[@SHARE\]\[:MODE\]\[\+OPTION\.\.\.\]"),
+        ("raw:default", "variant 'raw:default': only app variants take a compile mode; the plain loop always"),
+        ("app_sythetic:default", "unknown variant 'app_sythetic:default'"),
+        ("app_synthetic+bucket_view:reduce-overhead", r"a :MODE suffix goes before the \+options"),
+        ("app_folder_gpu_pageable:reduce-overhead", "needs finished crops"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            throughput.split_variant(bad)
+    # Refused by main before any variant runs, as the other variant errors.
+    with pytest.raises(
+        SystemExit, match=f"--variants: variant 'app_synthetic:fast': unknown compile mode 'fast'; {valid}"
+    ):
+        throughput.main(["--compile", "--variants", "raw,app_synthetic:fast"])
+    with pytest.raises(SystemExit, match="--variants: variant 'raw:reduce-overhead': only app variants"):
+        throughput.main(["--compile", "--variants", "raw:reduce-overhead,app_synthetic"])
+
+
+def test_a_compile_mode_needs_compile(throughput, monkeypatch) -> None:
+    import subprocess
+
+    runs = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kwargs: runs.append(cmd))
+    with pytest.raises(SystemExit, match=r"--variants: compile modes \(:MODE\) need --compile: app_synthetic:default$"):
+        throughput.main(["--variants", "raw,app_synthetic,app_synthetic:default"])
+    assert runs == []
+    with pytest.raises(ValueError, match=r"'app_synthetic:max-autotune': a compile mode \(:MODE\) needs --compile"):
+        throughput.app_compile_mode("app_synthetic:max-autotune", compiled=False)
+    assert throughput.app_compile_mode("app_synthetic:max-autotune", compiled=True) == "max-autotune"
+    assert throughput.app_compile_mode("app_synthetic", compiled=True) == "default"
+    assert throughput.app_compile_mode("app_synthetic", compiled=False) is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "variant", "compile_kwarg", "fused_sgd"),
+    [
+        (["--compile"], "app_synthetic:max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs", None),
+        (["--compile"], "app_synthetic_foreach:reduce-overhead+bucket_view", "reduce-overhead", False),
+        (["--compile"], "app_synthetic", "default", None),
+        ([], "app_synthetic", None, None),
+    ],
+)
+def test_the_app_is_built_with_the_variants_compile_mode_and_its_result_records_it(
+    throughput, monkeypatch, argv, variant, compile_kwarg, fused_sgd
+) -> None:
+    """run_app with the classifier and the Trainer replaced: what ImageNetClassifier gets, what the JSON says."""
+    import pytorch_lightning as pl
+    import torch
+
+    import imagenet_module
+
+    # run_app sets both TF32 flags: registered here so that they are restored after the test.
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32)
+    built = []
+
+    class FakeClassifier:
+        def __init__(self, **kwargs) -> None:  # noqa: ANN003
+            built.append(kwargs)
+
+    class FakeTrainer:
+        global_rank = 0
+
+        def __init__(self, callbacks, **kwargs) -> None:  # noqa: ANN001, ANN003
+            self.clock = callbacks[0]
+
+        def fit(self, model, data) -> None:  # noqa: ANN001
+            self.clock.seconds = 2.0  # the StepClock's timed steps
+
+    monkeypatch.setattr(imagenet_module, "ImageNetClassifier", FakeClassifier)
+    monkeypatch.setattr(pl, "Trainer", FakeTrainer)
+    a = throughput.parse([*argv, "--batch", "8", "--steps", "10", "--arch", "resnet18"])
+    result = throughput.run_app(a, variant)
+    assert len(built) == 1
+    assert built[0]["compile"] == compile_kwarg
+    assert built[0]["fused_sgd"] is fused_sgd
+    assert result["compile"] == (compile_kwarg or False)
+    assert bool(result["compile"]) is bool(argv)  # still reads as "compiled?"
+    assert result["img_s"] == 40.0  # 10 steps x 8 images in 2 s
+
+
+def test_compile_modes_run_side_by_side_as_their_own_rows(throughput, monkeypatch, capsys) -> None:
+    import subprocess
+    from types import SimpleNamespace
+
+    runs = []
+    img_s = {"raw": 5000.0, "app_synthetic": 4900.0, "app_synthetic:reduce-overhead": 5250.0}
+    img_s["app_synthetic:reduce-overhead+bucket_view"] = 5300.0
+
+    def fake_run(cmd, capture_output, text, env):  # noqa: ANN001
+        variant = cmd[cmd.index("--child") + 1]
+        runs.append((variant, env["BENCH_GPUS"], "--compile" in cmd))
+        result = {"img_s": img_s[variant] * int(env["BENCH_GPUS"]), "ms_per_step": 1.0, "peak_mem_gib": 11.0}
+        return SimpleNamespace(returncode=0, stdout="RESULT " + json.dumps(result) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    variants = "raw,app_synthetic,app_synthetic:reduce-overhead,app_synthetic:reduce-overhead+bucket_view"
+    throughput.main(["--compile", "--gpus", "1,2", "--variants", variants])
+    # On 1 GPU the +option variant is its base's row: the base keeps the compile mode.
+    assert runs == [
+        ("raw", "1", True),
+        ("app_synthetic", "1", True),
+        ("app_synthetic:reduce-overhead", "1", True),
+        *((variant, "2", True) for variant in variants.split(",")),
+    ]
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| app")]
+    assert table[0].startswith("| app_synthetic | 1 | 4,900 |") and "| 0.980 |" in table[0]
+    assert table[1].startswith("| app_synthetic:reduce-overhead | 1 | 5,250 |") and "| 1.050 |" in table[1]
+    assert table[2].startswith(
+        "| app_synthetic:reduce-overhead+bucket_view (= app_synthetic:reduce-overhead) | 1 | 5,250 |"
+    )
+    assert table[5].startswith("| app_synthetic:reduce-overhead+bucket_view | 2 | 10,600 |") and "| 1.060 |" in table[5]
+
+
+def test_folder_rows_are_compared_with_the_synthetic_row_of_their_compile_mode(throughput) -> None:
+    rows = {
+        ("raw", 1): row(5000, 50.0, 11.0),
+        ("app_synthetic", 1): row(4900, 51.0, 11.0),
+        ("app_synthetic:reduce-overhead", 1): row(5200, 49.0, 12.0),
+        ("app_folder_gpu@0.85", 1): row(3920, 65.0, 12.0),
+        ("app_folder_gpu@0.85:reduce-overhead", 1): row(4680, 54.0, 13.0),
+        ("app_folder_gpu:max-autotune", 1): row(3675, 70.0, 12.0),  # no app_synthetic:max-autotune row
+        ("app_synthetic:reduce-overhead", 2): row(10000, 51.0, 12.0),
+        ("app_folder_gpu@0.85:reduce-overhead", 2): row(9000, 57.0, 13.0),
+        ("app_folder_gpu", 2): row(9500, 54.0, 13.0),  # no plain app_synthetic row on 2 GPUs
+    }
+    lines = throughput.table(rows, "resnet50, bf16")
+    header, _, *body = ([c.strip() for c in line.strip("|").split("|")] for line in lines)
+    vs_synthetic = {(c[0], int(c[1])): c[header.index("vs synthetic")] for c in body}
+    assert vs_synthetic["app_folder_gpu@0.85", 1] == "0.800"  # / app_synthetic
+    assert vs_synthetic["app_folder_gpu@0.85:reduce-overhead", 1] == "0.900"  # / app_synthetic:reduce-overhead
+    assert vs_synthetic["app_folder_gpu:max-autotune", 1] == "0.750"  # / app_synthetic: none of its own mode
+    assert vs_synthetic["app_folder_gpu@0.85:reduce-overhead", 2] == "0.900"  # at the same GPU count
+    assert vs_synthetic["app_folder_gpu", 2] == "-"  # a different mode is not the plain row's stand-in
+    assert vs_synthetic["app_synthetic:reduce-overhead", 1] == "-"
+    # A row with no suffix under --compile is compiled in the default mode: ":default" stands in for it.
+    rows = {("app_synthetic:default", 1): row(5000, 50.0, 11.0), ("app_folder_gpu", 1): row(4000, 60.0, 12.0)}
+    assert "| 0.800 |" in throughput.table(rows, "compiled")[-1]
