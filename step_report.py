@@ -234,12 +234,13 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
         if busy is not None and overall.get("gpu_busy_source") == "kineto" and busy < BUSY_OK:
             findings.append(
                 f"host-bound: the GPU is busy {100 * busy:.1f}% of the window with no input stall; launch overhead: "
-                "try model.compile or a larger batch"
+                "try model.compile reduce-overhead (CUDA graphs: one launch a graph) or a larger batch"
             )
         elif lag is not None and step and lag < LAG_HOST_BOUND * step and overall.get("gpu_busy_source") != "kineto":
             findings.append(
                 f"host-bound: the GPU finishes each step {lag:.2f} ms after the host issues it (of a {step:.1f} ms "
-                "step), so it waits for launches; try model.compile or a larger batch"
+                "step), so it waits for launches; try model.compile reduce-overhead (CUDA graphs: one launch a "
+                "graph) or a larger batch"
             )
     for s in slow:
         findings.append(

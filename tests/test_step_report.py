@@ -110,6 +110,7 @@ def test_report_of_a_hidden_prefetch_says_so_in_one_line():
         ({"copies": trace_summary.copy_stats(40, 10, 0, 4, 4, "kineto")}, "copies are pageable (4 of 4): enable pin_m"),
         ({"copies": trace_summary.copy_stats(40, 10, 4, 0, 4, "kineto")}, "copies serialize with compute: 25.0% of"),
         ({"lag": 0.05}, "host-bound: the GPU finishes each step 0.05 ms after the host issues it"),
+        ({"lag": 0.05}, "waits for launches; try model.compile reduce-overhead (CUDA graphs: one launch a graph)"),
         ({"gpu": False}, "CPU run: GPU times and copy overlap unavailable; data wait 0.1%"),
     ],
 )
