@@ -1,0 +1,206 @@
+"""A pre-resized copy of an ImageNet-layout folder: every image's short side at most ``--short-side`` pixels.
+
+    python resize_dataset.py /data/imagenet /data/imagenet_256 --short-side 256 --workers 32
+    python train.py --config configs/resnet50_imagenet.yaml --data.root /data/imagenet_256
+
+Decoding is what the input path spends its time on, and a JPEG's decode cost follows its pixel count: on a 2-core x86
+machine PIL decode + RandomResizedCrop + flip ran at 508 img/s per core on the 300-500 px JPEGs of
+``bench/make_jpeg_folder.py`` and at 870 on the same files stored at short side 256 (``bench/pil_decode_rate.py``).
+On an H200 the app's JPEG path, not the model, is the limit once the model is compiled (bench/RESULTS.md, ninth
+session), so fewer pixels per file is images per second. FFCV's stores and the fast ImageNet runs of DAWNBench do the
+same.
+
+What it changes in training: RandomResizedCrop draws its boxes from the smaller image, so a small box is upsampled
+from fewer source pixels (a box of 8% of the area is about 83 px wide at short side 256, about 113 px at 375).
+Validation's ``Resize(256)`` + ``CenterCrop(224)`` sees nearly the same pixels as on the originals (one resampling
+more). Whether that costs accuracy in your recipe is yours to measure; nothing here measured it.
+
+Files whose short side is already within the limit are copied byte for byte when they are upright JPEGs (RGB or
+gray). Everything else is decoded as the training loader decodes it (``image_loading.load_rgb``: upright by its EXIF
+orientation, 8-bit RGB, alpha composited on white, 16-bit scaled) and stored as a JPEG of ``--quality`` under its own
+name, so that class folders, file names and labels stay the same and nvJPEG (``data.decode: gpu``) can decode every
+file. A file that does not decode is copied unchanged and listed: the loader's bad-image policy (``data.on_bad_image``)
+decides at training time, as it would on the source.
+
+Each file is written to a temporary name and renamed, so a copy never holds half a file; an interrupted run resumes
+where it stopped (files already there are kept). The options are recorded in ``resize_dataset.json`` in the
+destination, and a run with other options into the same destination is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from PIL import Image
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from datamodule import class_folders
+from image_loading import BadImageError, load_rgb
+
+MANIFEST = "resize_dataset.json"
+SPLITS = ("train", "val")
+#: PIL orientation tag; anything but 1 (or none) means the stored pixels are not upright.
+_ORIENTATION = 0x0112
+
+
+def image_files(root: Path, splits: Sequence[str] = SPLITS) -> Iterator[Path]:
+    """Every image of ``root``'s splits as the app's dataset finds them (visible class folders, torchvision's
+    extensions, sub-folders included), relative to ``root``, in a fixed order."""
+    for split in splits:
+        folder = root / split
+        if not folder.is_dir():
+            continue
+        for name in class_folders(folder):
+            for directory, subdirs, files in sorted(os.walk(folder / name)):
+                subdirs.sort()
+                for file in sorted(files):
+                    if file.lower().endswith(IMG_EXTENSIONS):
+                        yield (Path(directory) / file).relative_to(root)
+
+
+def resize_one(source: Path, target: Path, short_side: int, quality: int) -> str:
+    """Writes ``source``'s image with its short side at most ``short_side`` to ``target`` (atomically) and says what
+    it did: ``kept`` (already there), ``copied`` (byte for byte), ``resized``, ``re-encoded`` or ``unreadable``."""
+    if target.exists():
+        return "kept"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        outcome = _write(source, partial, short_side, quality)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return outcome
+
+
+def _write(source: Path, partial: Path, short_side: int, quality: int) -> str:
+    try:
+        with Image.open(source) as image:
+            fmt, mode, size = image.format, image.mode, image.size
+            upright = image.getexif().get(_ORIENTATION, 1) == 1
+            if min(size) <= short_side and fmt == "JPEG" and mode in ("RGB", "L") and upright:
+                image.load()  # decodable as it is: the very bytes go
+                shutil.copyfile(source, partial)
+                return "copied"
+        # Everything else is decoded as training decodes it (upright, 8-bit RGB, alpha on white, 16-bit scaled).
+        image = load_rgb(str(source))
+    except (BadImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        shutil.copyfile(source, partial)
+        return "unreadable"
+    width, height = image.size
+    outcome = "re-encoded"
+    if min(width, height) > short_side:
+        scale = short_side / min(width, height)
+        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        image = image.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
+        outcome = "resized"
+    image.save(partial, "JPEG", quality=quality)
+    return outcome
+
+
+def _resize_chunk(args: tuple[str, str, list[str], int, int]) -> list[tuple[str, str]]:
+    src, dst, names, short_side, quality = args
+    return [(name, resize_one(Path(src) / name, Path(dst) / name, short_side, quality)) for name in names]
+
+
+def check_paths(src: Path, dst: Path, options: dict) -> None:
+    """Refuses what would go wrong before any file is written: no splits in ``src``, ``dst`` inside ``src`` (or the
+    other way round), a ``dst`` written with other options."""
+    if not src.is_dir():
+        raise SystemExit(f"resize_dataset: source {src} is not a folder")
+    found = [s for s in SPLITS if (src / s).is_dir() and class_folders(src / s)]
+    if not found:
+        raise SystemExit(f"resize_dataset: {src} has no train/<class>/ or val/<class>/ folders (an ImageNet layout)")
+    src_r, dst_r = src.resolve(), dst.resolve()
+    if dst_r == src_r or src_r in dst_r.parents or dst_r in src_r.parents:
+        raise SystemExit(f"resize_dataset: destination {dst} and source {src} must not contain each other")
+    manifest = dst / MANIFEST
+    if manifest.is_file():
+        written = json.loads(manifest.read_text())
+        if written != options:
+            raise SystemExit(
+                f"resize_dataset: {dst} was written with {written}, not {options}: use another destination, or "
+                "the same options to resume"
+            )
+
+
+def resize_folder(src: Path, dst: Path, short_side: int, quality: int, workers: int, chunk: int = 64) -> Counter:
+    """Writes the pre-resized copy of ``src`` into ``dst``; returns how many files had each outcome."""
+    options = {"short_side": short_side, "quality": quality}
+    check_paths(src, dst, options)
+    dst.mkdir(parents=True, exist_ok=True)
+    for directory, _, files in os.walk(dst):  # what a killed run left half-written: never renamed into place
+        for file in files:
+            if file.startswith(".") and file.endswith(".partial"):
+                (Path(directory) / file).unlink(missing_ok=True)
+    partial = dst / f".{MANIFEST}.partial"
+    partial.write_text(json.dumps(options))
+    os.replace(partial, dst / MANIFEST)
+    names = [str(p) for p in image_files(src)]
+    chunks = [(str(src), str(dst), names[i : i + chunk], short_side, quality) for i in range(0, len(names), chunk)]
+    counts: Counter = Counter()
+    unreadable: list[str] = []
+    start, done = time.perf_counter(), 0
+    if workers > 1:
+        pool = ProcessPoolExecutor(workers)
+        results = pool.map(_resize_chunk, chunks)
+    else:
+        pool, results = None, map(_resize_chunk, chunks)
+    try:
+        for result in results:
+            for name, outcome in result:
+                counts[outcome] += 1
+                if outcome == "unreadable":
+                    unreadable.append(name)
+            done += len(result)
+            if done % (chunk * 50) < len(result) or done == len(names):
+                rate = done / max(time.perf_counter() - start, 1e-9)
+                print(f"resize_dataset: {done}/{len(names)} files, {rate:.0f} files/s", flush=True)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    if unreadable:
+        listed = ", ".join(unreadable[:10]) + (f" and {len(unreadable) - 10} more" if len(unreadable) > 10 else "")
+        print(f"resize_dataset: {len(unreadable)} file(s) PIL could not read were copied unchanged: {listed}")
+    return counts
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("src", type=Path, help="ImageNet-layout folder: train/<class>/*.JPEG, val/<class>/*.JPEG")
+    p.add_argument("dst", type=Path, help="where the copy goes (created; resumed if a run with the same options ran)")
+    p.add_argument("--short-side", type=int, default=256, help="largest short side kept, in pixels (default 256)")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded files, 1-95 (default 90)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: every core)")
+    a = p.parse_args(argv)
+    if a.short_side < 32:
+        p.error(f"--short-side {a.short_side}: must be at least 32 pixels (the crops are 224 px; 256 is usual)")
+    if not 1 <= a.quality <= 95:
+        p.error(f"--quality {a.quality}: must be in 1-95 (PIL's JPEG range; 90 is ImageNet-like)")
+    if a.workers < 1:
+        p.error(f"--workers {a.workers}: must be at least 1")
+    return a
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    a = parse(argv)
+    start = time.perf_counter()
+    counts = resize_folder(a.src, a.dst, a.short_side, a.quality, a.workers)
+    total = sum(counts.values())
+    summary = ", ".join(
+        f"{counts[k]} {k}" for k in ("resized", "re-encoded", "copied", "kept", "unreadable") if counts[k]
+    )
+    print(f"resize_dataset: {total} files in {time.perf_counter() - start:.1f} s ({summary or 'none'}) -> {a.dst}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

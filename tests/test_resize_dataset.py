@@ -1,0 +1,190 @@
+"""resize_dataset.py: what each kind of file becomes, resuming, atomic writes, refusals before any work, the copy
+loading in the data module; bench/pil_decode_rate.py's table."""
+
+from __future__ import annotations
+
+import re
+import runpy
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import resize_dataset
+from datamodule import ImageNetDataModule
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _noise(width: int, height: int, mode: str = "RGB") -> Image.Image:
+    channels = {"RGB": 3, "RGBA": 4, "L": 1, "CMYK": 4}[mode]
+    pixels = np.random.default_rng(width * height).integers(0, 256, (height, width, channels), dtype=np.uint8)
+    return Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels, mode)
+
+
+def _jpeg(path: Path, image: Image.Image, **kwargs) -> Path:  # noqa: ANN003
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, "JPEG", quality=90, **kwargs)
+    return path
+
+
+def source_folder(root: Path) -> Path:
+    """One file of each kind the tool treats differently, in train/ and val/ class folders."""
+    train, val = root / "train", root / "val"
+    _jpeg(train / "a" / "large.JPEG", _noise(400, 300))
+    _jpeg(train / "a" / "small.JPEG", _noise(200, 180))
+    _jpeg(train / "a" / "gray.JPEG", _noise(300, 600, "L"))
+    _jpeg(train / "b" / "cmyk.JPEG", _noise(120, 100, "CMYK"))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored 300 x 200, shown rotated by 90 degrees: 200 x 300
+    _jpeg(train / "b" / "rotated.JPEG", _noise(300, 200), exif=exif.tobytes())
+    rgba = _noise(300, 400, "RGBA")
+    rgba.putalpha(0)  # fully transparent: the training loader composites it on white
+    rgba.save(train / "b" / "alpha.png")
+    (train / "b" / "broken.JPEG").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    (train / "b" / "notes.txt").write_text("not an image")
+    (train / ".hidden").mkdir()
+    _jpeg(train / ".hidden" / "x.JPEG", _noise(400, 400))
+    _jpeg(val / "a" / "v.JPEG", _noise(500, 375))
+    _jpeg(val / "b" / "nested" / "w.JPEG", _noise(260, 256))
+    return root
+
+
+def test_each_kind_of_file_becomes_an_upright_jpeg_within_the_short_side(tmp_path: Path, capsys) -> None:
+    src, dst = source_folder(tmp_path / "src"), tmp_path / "dst"
+    resize_dataset.main([str(src), str(dst), "--short-side", "256", "--workers", "1"])
+    out = capsys.readouterr().out
+    assert "9 files in" in out and "(4 resized, 2 re-encoded, 2 copied, 1 unreadable)" in out
+    assert "1 file(s) PIL could not read were copied unchanged: train/b/broken.JPEG" in out
+
+    def opened(name: str) -> Image.Image:
+        image = Image.open(dst / name)
+        image.load()
+        return image
+
+    assert opened("train/a/large.JPEG").size == (341, 256) and opened("train/a/large.JPEG").format == "JPEG"
+    assert (dst / "train/a/small.JPEG").read_bytes() == (src / "train/a/small.JPEG").read_bytes()
+    assert opened("train/a/gray.JPEG").size == (256, 512) and opened("train/a/gray.JPEG").mode == "RGB"
+    assert opened("train/b/cmyk.JPEG").mode == "RGB" and opened("train/b/cmyk.JPEG").size == (120, 100)
+    rotated = opened("train/b/rotated.JPEG")
+    assert rotated.size == (200, 300) and rotated.getexif().get(0x0112, 1) == 1  # upright, nothing left to rotate
+    alpha = opened("train/b/alpha.png")  # the same name, JPEG content: as the loader composites it, on white
+    assert alpha.format == "JPEG" and alpha.size == (256, 341) and np.asarray(alpha).min() > 240
+    assert (dst / "train/b/broken.JPEG").read_bytes() == (src / "train/b/broken.JPEG").read_bytes()
+    assert opened("val/a/v.JPEG").size == (341, 256)
+    assert (dst / "val/b/nested/w.JPEG").read_bytes() == (src / "val/b/nested/w.JPEG").read_bytes()  # short side 256
+    assert not (dst / "train/b/notes.txt").exists() and not (dst / "train/.hidden").exists()
+    assert not list(dst.rglob("*.partial"))
+    assert (dst / resize_dataset.MANIFEST).is_file()
+
+
+def test_a_second_run_keeps_what_is_there_and_cleans_what_a_killed_run_left(tmp_path: Path, capsys) -> None:
+    src, dst = source_folder(tmp_path / "src"), tmp_path / "dst"
+    resize_dataset.main([str(src), str(dst), "--workers", "2"])  # in processes
+    before = {p: p.stat().st_mtime_ns for p in dst.rglob("*") if p.is_file()}
+    (dst / "train/a/.large.JPEG.123.partial").write_bytes(b"half")  # a run killed mid-write
+    (dst / "train/a/large.JPEG").unlink()  # ... before this file was renamed into place
+    capsys.readouterr()
+    resize_dataset.main([str(src), str(dst), "--workers", "1"])
+    assert "(1 resized, 8 kept)" in capsys.readouterr().out
+    assert not list(dst.rglob("*.partial"))
+    after = {p: p.stat().st_mtime_ns for p in dst.rglob("*") if p.is_file()}
+    changed = {p for p in after if before.get(p) != after[p]}
+    assert changed == {dst / "train/a/large.JPEG", dst / resize_dataset.MANIFEST}
+
+
+def test_a_failing_write_leaves_no_file_under_the_final_name(tmp_path: Path, monkeypatch) -> None:
+    src = tmp_path / "src"
+    _jpeg(src / "train" / "a" / "x.JPEG", _noise(400, 300))
+
+    def broken_save(self, fp, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        Path(fp).write_bytes(b"half a jpeg")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Image.Image, "save", broken_save)
+    with pytest.raises(OSError, match="No space left"):
+        resize_dataset.resize_folder(src, tmp_path / "dst", 256, 90, workers=1)
+    assert sorted(p.name for p in (tmp_path / "dst" / "train" / "a").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("make", "argv", "message"),
+    [
+        (lambda t: None, ["missing", "dst"], "source {t}/missing is not a folder"),
+        (lambda t: (t / "flat").mkdir(), ["flat", "dst"], "has no train/<class>/ or val/<class>/ folders"),
+        (lambda t: source_folder(t / "src"), ["src", "src/resized"], "must not contain each other"),
+        (lambda t: source_folder(t / "src"), ["src", "src"], "must not contain each other"),
+    ],
+)
+def test_bad_paths_are_refused_before_any_file_is_written(tmp_path: Path, make, argv, message) -> None:
+    make(tmp_path)
+    with pytest.raises(SystemExit, match=re.escape(message.format(t=tmp_path))):
+        resize_dataset.main([str(tmp_path / argv[0]), str(tmp_path / argv[1]), "--workers", "1"])
+    assert not (tmp_path / "dst").exists() and not (tmp_path / "src" / "resized").exists()
+
+
+def test_a_destination_written_with_other_options_is_refused(tmp_path: Path) -> None:
+    src, dst = source_folder(tmp_path / "src"), tmp_path / "dst"
+    resize_dataset.main([str(src), str(dst), "--short-side", "256", "--workers", "1"])
+    with pytest.raises(SystemExit, match=r"was written with \{'short_side': 256, 'quality': 90\}, not \{'short_side'"):
+        resize_dataset.main([str(src), str(dst), "--short-side", "320", "--workers", "1"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--short-side", "16"], "--short-side 16: must be at least 32"),
+        (["--quality", "0"], "--quality 0: must be in 1-95"),
+        (["--quality", "100"], "--quality 100: must be in 1-95"),
+        (["--workers", "0"], "--workers 0: must be at least 1"),
+    ],
+)
+def test_bad_options_name_the_valid_range(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit):
+        resize_dataset.parse(["src", "dst", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_the_copy_trains_through_the_data_module(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    for split, count in (("train", 6), ("val", 2)):
+        for label in ("a", "b"):
+            for k in range(count):
+                _jpeg(src / split / label / f"{k}.JPEG", _noise(300 + 10 * k, 280))
+    dst = tmp_path / "dst"
+    resize_dataset.resize_folder(src, dst, 64, 90, workers=1)
+    data = ImageNetDataModule(root=str(dst), batch_size=4, workers=0, crop_size=32, val_resize_size=40,
+                              val_crop_size=32)  # fmt: skip
+    data.setup("fit")
+    images, targets = next(iter(data.train_dataloader()))
+    assert images.shape == (4, 3, 32, 32) and targets.shape == (4,)
+    assert data.num_classes == 2 and len(data.val_set) == 4
+
+
+def test_pil_decode_rate_prints_one_row_per_folder(tmp_path: Path, capsys, monkeypatch) -> None:
+    src = tmp_path / "src"
+    for k in range(4):
+        _jpeg(src / "train" / "a" / f"{k}.JPEG", _noise(400, 300))
+    dst = tmp_path / "dst"
+    resize_dataset.resize_folder(src, dst, 128, 90, workers=1)
+    monkeypatch.setattr(sys, "argv", ["pil_decode_rate.py", "--data", str(src), str(dst), "--repeats", "1"])
+    runpy.run_path(str(ROOT / "bench" / "pil_decode_rate.py"), run_name="__main__")
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {tmp_path}")]
+    assert [row.split(" | ")[0] for row in rows] == [f"| {src}", f"| {dst}"]
+    assert rows[0].endswith("| 1.00 |")
+    assert rows[1].split(" | ")[2] == "22 k"  # 171 x 128 pixels per file, down from 120 k
+    (dst / "train" / "a" / "3.JPEG").unlink()
+    monkeypatch.setattr(sys, "argv", ["pil_decode_rate.py", "--data", str(src), str(dst)])
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(ROOT / "bench" / "pil_decode_rate.py"), run_name="__main__")
+    assert "1 of the sampled files are not there (first: train/a/3.JPEG)" in capsys.readouterr().err
+
+
+def test_image_files_match_what_the_dataset_finds(tmp_path: Path) -> None:
+    src = source_folder(tmp_path / "src")
+    names = [str(p) for p in resize_dataset.image_files(src)]
+    assert names == sorted(names, key=lambda n: (n.split("/")[0] != "train", n))
+    assert "train/b/notes.txt" not in names and not any(".hidden" in n for n in names)
+    assert len(names) == 9  # the 7 train images and 2 val images
