@@ -4,14 +4,15 @@
     python train.py --config configs/resnet50_imagenet.yaml --data.root /data/imagenet_256
 
 Decoding is what the input path spends its time on, and a JPEG's decode cost follows its pixel count: on a 2-core x86
-machine PIL decode + RandomResizedCrop + flip ran at 508 img/s per core on the 300-500 px JPEGs of
-``bench/make_jpeg_folder.py`` and at 870 on the same files stored at short side 256 (``bench/pil_decode_rate.py``).
+machine PIL decode + RandomResizedCrop + flip ran at 499 img/s per core on the 300-500 px JPEGs of
+``bench/make_jpeg_folder.py`` and at 831 (1.66x) on the same files stored at short side 256
+(``bench/pil_decode_rate.py``; bench/RESULTS.md, ninth session).
 On an H200 the app's JPEG path, not the model, is the limit once the model is compiled (bench/RESULTS.md, ninth
 session), so fewer pixels per file is images per second. FFCV's stores and the fast ImageNet runs of DAWNBench do the
 same.
 
 What it changes in training: RandomResizedCrop draws its boxes from the smaller image, so a small box is upsampled
-from fewer source pixels (a box of 8% of the area is about 83 px wide at short side 256, about 113 px at 375).
+from fewer source pixels (a square box of 8% of a 4:3 image is about 84 px wide at short side 256, 122 px at 375).
 Validation's ``Resize(256)`` + ``CenterCrop(224)`` sees nearly the same pixels as on the originals (one resampling
 more). Whether that costs accuracy in your recipe is yours to measure; nothing here measured it.
 
@@ -22,19 +23,24 @@ name, so that class folders, file names and labels stay the same and nvJPEG (``d
 file. A file that does not decode is copied unchanged and listed: the loader's bad-image policy (``data.on_bad_image``)
 decides at training time, as it would on the source.
 
-Each file is written to a temporary name and renamed, so a copy never holds half a file; an interrupted run resumes
-where it stopped (files already there are kept). The options are recorded in ``resize_dataset.json`` in the
-destination, and a run with other options into the same destination is refused.
+Each file is written to a temporary name and renamed, so a copy never holds half a file (after a killed run; a power
+loss is not covered: nothing is fsynced); an interrupted run resumes where it stopped (files already there are kept).
+The options are recorded in ``resize_dataset.json`` in the destination, with ``complete`` true once every file is
+there. A run with other options, a destination that holds files this tool did not write, or a second run into the
+same destination at the same time is refused before any file is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
+import struct
 import sys
 import time
+import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -44,9 +50,15 @@ from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from datamodule import class_folders
-from image_loading import BadImageError, load_rgb
+from image_loading import MAX_PIXELS, BadImageError, load_rgb
+
+# The training loader raises PIL's process-wide limit to its own before opening a file; the header read here comes
+# first, so without this a file the training loader takes would count as unreadable in a fresh worker.
+if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < MAX_PIXELS:
+    Image.MAX_IMAGE_PIXELS = MAX_PIXELS
 
 MANIFEST = "resize_dataset.json"
+LOCK = ".resize_dataset.lock"
 SPLITS = ("train", "val")
 #: PIL orientation tag; anything but 1 (or none) means the stored pixels are not upright.
 _ORIENTATION = 0x0112
@@ -60,8 +72,8 @@ def image_files(root: Path, splits: Sequence[str] = SPLITS) -> Iterator[Path]:
         if not folder.is_dir():
             continue
         for name in class_folders(folder):
-            for directory, subdirs, files in sorted(os.walk(folder / name)):
-                subdirs.sort()
+            # followlinks as torchvision's make_dataset: a linked sub-folder is part of the dataset
+            for directory, _, files in sorted(os.walk(folder / name, followlinks=True)):
                 for file in sorted(files):
                     if file.lower().endswith(IMG_EXTENSIONS):
                         yield (Path(directory) / file).relative_to(root)
@@ -93,7 +105,8 @@ def _write(source: Path, partial: Path, short_side: int, quality: int) -> str:
                 return "copied"
         # Everything else is decoded as training decodes it (upright, 8-bit RGB, alpha on white, 16-bit scaled).
         image = load_rgb(str(source))
-    except (BadImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+    except (BadImageError, OSError, ValueError, SyntaxError, TypeError, IndexError, EOFError, struct.error,
+            zlib.error, Image.DecompressionBombError):  # fmt: skip
         shutil.copyfile(source, partial)
         return "unreadable"
     width, height = image.size
@@ -112,9 +125,10 @@ def _resize_chunk(args: tuple[str, str, list[str], int, int]) -> list[tuple[str,
     return [(name, resize_one(Path(src) / name, Path(dst) / name, short_side, quality)) for name in names]
 
 
-def check_paths(src: Path, dst: Path, options: dict) -> None:
+def check_paths(src: Path, dst: Path, options: dict) -> dict | None:
     """Refuses what would go wrong before any file is written: no splits in ``src``, ``dst`` inside ``src`` (or the
-    other way round), a ``dst`` written with other options."""
+    other way round), ``dst`` a file, a ``dst`` written with other options or holding files this tool did not write.
+    Returns the manifest already in ``dst`` (``None`` for a new copy)."""
     if not src.is_dir():
         raise SystemExit(f"resize_dataset: source {src} is not a folder")
     found = [s for s in SPLITS if (src / s).is_dir() and class_folders(src / s)]
@@ -123,28 +137,56 @@ def check_paths(src: Path, dst: Path, options: dict) -> None:
     src_r, dst_r = src.resolve(), dst.resolve()
     if dst_r == src_r or src_r in dst_r.parents or dst_r in src_r.parents:
         raise SystemExit(f"resize_dataset: destination {dst} and source {src} must not contain each other")
+    if dst.exists() and not dst.is_dir():
+        raise SystemExit(f"resize_dataset: destination {dst} is a file; give a folder (new, or an earlier copy)")
     manifest = dst / MANIFEST
     if manifest.is_file():
         written = json.loads(manifest.read_text())
-        if written != options:
+        earlier = {k: written.get(k) for k in options}
+        if earlier != options:
             raise SystemExit(
-                f"resize_dataset: {dst} was written with {written}, not {options}: use another destination, or "
+                f"resize_dataset: {dst} was written with {earlier}, not {options}: use another destination, or "
                 "the same options to resume"
             )
+        return written
+    if dst.is_dir() and any(entry.name != LOCK for entry in os.scandir(dst)):
+        raise SystemExit(
+            f"resize_dataset: {dst} holds files but no {MANIFEST}, so this tool did not write them: use a new or "
+            "empty folder"
+        )
+    return None
+
+
+def _write_manifest(dst: Path, manifest: dict) -> None:
+    partial = dst / f".{MANIFEST}.{os.getpid()}.partial"
+    partial.write_text(json.dumps(manifest))
+    os.replace(partial, dst / MANIFEST)
 
 
 def resize_folder(src: Path, dst: Path, short_side: int, quality: int, workers: int, chunk: int = 64) -> Counter:
     """Writes the pre-resized copy of ``src`` into ``dst``; returns how many files had each outcome."""
     options = {"short_side": short_side, "quality": quality}
-    check_paths(src, dst, options)
+    written = check_paths(src, dst, options)
     dst.mkdir(parents=True, exist_ok=True)
-    for directory, _, files in os.walk(dst):  # what a killed run left half-written: never renamed into place
-        for file in files:
-            if file.startswith(".") and file.endswith(".partial"):
-                (Path(directory) / file).unlink(missing_ok=True)
-    partial = dst / f".{MANIFEST}.partial"
-    partial.write_text(json.dumps(options))
-    os.replace(partial, dst / MANIFEST)
+    with open(dst / LOCK, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(f"resize_dataset: another run is writing {dst}; wait for it to end") from None
+        if written is not None and not written.get("complete"):
+            print(f"resize_dataset: resuming the interrupted copy in {dst}", flush=True)
+        # What a killed run left half-written (never renamed into place); no other run writes here now.
+        for directory, _, files in os.walk(dst):
+            for file in files:
+                if file.startswith(".") and file.endswith(".partial"):
+                    (Path(directory) / file).unlink(missing_ok=True)
+        _write_manifest(dst, {**options, "complete": False})
+        counts = _resize_all(src, dst, short_side, quality, workers, chunk)
+        _write_manifest(dst, {**options, "complete": True})
+    return counts
+
+
+def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: int, chunk: int) -> Counter:
     names = [str(p) for p in image_files(src)]
     chunks = [(str(src), str(dst), names[i : i + chunk], short_side, quality) for i in range(0, len(names), chunk)]
     counts: Counter = Counter()
@@ -180,7 +222,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("dst", type=Path, help="where the copy goes (created; resumed if a run with the same options ran)")
     p.add_argument("--short-side", type=int, default=256, help="largest short side kept, in pixels (default 256)")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded files, 1-95 (default 90)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: every core)")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    p.add_argument("--workers", type=int, default=cores, help="processes (default: every core this process may use)")
     a = p.parse_args(argv)
     if a.short_side < 32:
         p.error(f"--short-side {a.short_side}: must be at least 32 pixels (the crops are 224 px; 256 is usual)")

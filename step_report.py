@@ -13,7 +13,8 @@ step, so it is not part of the step's sum. Times come from two clocks:
 
 * host: ``time.perf_counter`` at the phase boundaries (the NVTX ranges' boundaries);
 * gpu: CUDA events at the same boundaries on the compute stream (from a Kineto trace: kernel time of each phase).
-  GPU ``data`` is the compute stream waiting for its input; ``other`` includes idle gaps.
+  GPU ``data`` is the compute stream waiting for the host's fetch or for its input (the latter alone is ``copies``'
+  ``waited_ms``); ``other`` includes idle gaps.
 
 Pure analysis over plain data (no torch): per-rank summaries in, a report dict out, and its files. The interval
 arithmetic and the reading of Kineto traces are in ``trace_summary.py``; the Markdown and the PNG in

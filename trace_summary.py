@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import itertools
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -124,11 +125,11 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
             i = _find(step_ranges, step_starts, e["ts"])
             if i is not None:
                 phases[i][e["name"]].append((float(e["ts"]), float(e["ts"] + e["dur"])))
-    launches = {
-        e["args"]["correlation"]: float(e["ts"])
-        for e in events
-        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
-    }
+    runtime = [
+        e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    ]
+    launches = {e["args"]["correlation"]: float(e["ts"]) for e in runtime}
+    launch_ends = {e["args"]["correlation"]: float(e["ts"] + e["dur"]) for e in runtime}
 
     def launch(e: dict) -> float:
         """When the host launched a GPU activity (its own start when the launch is not in the trace)."""
@@ -233,9 +234,13 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
             ]
             t, o = overlap(spans, cover)
             total, inside = total + t, inside + o
-        compute = sorted(
-            (float(k["ts"]), float(k["ts"] + k["dur"]), t) for k, t, _ in launched if stream(k) in compute_streams
-        )
+        on_compute = [k for k, _, _ in launched if stream(k) in compute_streams]
+        compute = [(float(k["ts"]), float(k["ts"] + k["dur"])) for k in on_compute]
+        with_launch = [
+            (float(k["ts"]), launches[c], launch_ends[c])
+            for k in on_compute
+            if (c := k.get("args", {}).get("correlation")) in launches
+        ]
         fetched = [end for p in phases for _, end in p["data"]]  # an epoch's first fetch, in its gap, is not here
         copy_summary = copy_stats(
             total / 1000,
@@ -244,7 +249,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
             pageable=sum("Pageable" in c["name"] for c in copies),
             count=len(copies),
             source="kineto",
-            waited_ms=input_wait(compute, fetched) / 1000,
+            waited_ms=None if (waited := input_wait(compute, with_launch, fetched)) is None else waited / 1000,
         )
     return {
         "rank": rank,
@@ -269,22 +274,35 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
     }
 
 
-def input_wait(compute: Sequence[tuple[float, float, float]], fetched: Sequence[float]) -> float:
+def input_wait(
+    compute: Sequence[Interval], launched: Sequence[tuple[float, float, float]], fetched: Sequence[float]
+) -> float | None:
     """How long the compute stream waited for its input: after each fetch (the end of a ``data`` range), the first
-    compute kernel launched after it starts later than both its launch and the end of the compute work before it.
+    compute kernel launched after it starts later than both the end of its launch call and the end of the compute
+    work before it.
 
-    ``compute`` holds ``(start, end, launch)`` of the compute stream's kernels, sorted by start. A kernel that starts
-    as soon as it is launched waited for the host, not for the input; one that starts when the kernels before it end
-    waited for nothing. What remains is the stream waiting on the prefetcher's event: the copy (or GPU decode) of the
-    batch was not done.
+    ``compute`` holds ``(start, end)`` of every kernel on the compute streams; ``launched`` ``(start, launch call's
+    start, launch call's end)`` of those whose launch is in the trace. A kernel that starts as soon as its launch
+    returns waited for the host, not for the input; one that starts when the kernels before it end waited for nothing.
+    What remains is the stream waiting on the prefetcher's event: the batch's copy (or GPU decode) was not done.
+    ``None`` when no compute kernel's launch is in the trace (nothing to tell a wait from the host by).
     """
+    if not launched:
+        return None
+    by_start = sorted(compute)
+    starts = [a for a, _ in by_start]
+    ends_so_far = list(itertools.accumulate((b for _, b in by_start), max))  # latest end among kernels up to i
+    by_launch = sorted(launched, key=lambda k: (k[1], k[0]))  # a CUDA graph's kernels share one launch
+    launch_starts = [k[1] for k in by_launch]
     waited = 0.0
     for done in fetched:
-        first = min((k for k in compute if k[2] >= done), key=lambda k: k[2], default=None)
-        if first is None:
+        i = bisect.bisect_left(launch_starts, done)
+        if i == len(by_launch):
             continue
-        before = max((end for start, end, _ in compute if start < first[0]), default=float("-inf"))
-        waited += max(0.0, first[0] - max(before, first[2]))
+        start, _, launch_end = by_launch[i]
+        j = bisect.bisect_left(starts, start)  # kernels that started before this one
+        before = ends_so_far[j - 1] if j > 0 else float("-inf")
+        waited += max(0.0, start - max(before, launch_end))
     return waited
 
 

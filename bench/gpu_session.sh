@@ -24,8 +24,8 @@
 #            VARIANTS default app_folder_gpu@0.85): per-core load and clock, the busiest threads (main, producer,
 #            workers) of every rank
 # VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
-# under compile-P an app row may name its torch.compile mode, e.g. app_synthetic:reduce-overhead (max-autotune
-# compiles for minutes: raise STAGE_TIMEOUT and STACKS_AFTER_S, each variant's own limit, default 240 s compiled);
+# under compile-P an app row may name its torch.compile mode, e.g. app_synthetic:reduce-overhead (STACKS_AFTER_S:
+# each variant's own limit, default 240 s compiled; max-autotune once stopped making progress after step 100);
 # LAUNCHER=lightning runs the ddp stage's app rows under Lightning's own launcher instead of torchrun.
 # The JPEG folder holds at least 40,000 training images: the 20 + 50 steps of batch 256 stay inside each GPU's first
 # epoch (bench/throughput.py refuses a folder where they would not; with 30,000, 2 GPUs crossed an epoch's end).

@@ -42,9 +42,10 @@ Variants:
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 The warm-up (default 20 steps eager, 60 compiled) is the same for every variant of a run whatever its compile mode,
-so that the rows compare alike. Compilation happens in the warm-up and is not timed, but max-autotune (with or
-without CUDA graphs) benchmarks kernels for minutes per variant: allow for it in any time limit around the run
-(``BENCH_STACKS_AFTER_S`` applies to each variant's process; bench/gpu_session.sh's STAGE_TIMEOUT to the whole run).
+so that the rows compare alike. Compilation happens in the warm-up and is not timed. max-autotune benchmarks kernel
+choices while it compiles; on an H200 (bench/RESULTS.md, ninth session) its variant trained past step 100 and then
+made no progress until its limit: allow for that in the time limits around the run (``BENCH_STACKS_AFTER_S`` applies
+to each variant's process and prints its threads' stacks; bench/gpu_session.sh's STAGE_TIMEOUT to the whole run).
 Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
 launcher (``--launcher lightning``: it re-executes this script per rank) or under torchrun. Images/s count all GPUs;
 "scaling" is img/s on N GPUs / (N x img/s of the same variant on 1 GPU).

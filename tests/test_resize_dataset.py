@@ -3,8 +3,11 @@ loading in the data module; bench/pil_decode_rate.py's table."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import re
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 from PIL import Image
 
 import resize_dataset
-from datamodule import ImageNetDataModule
+from datamodule import ImageNetDataModule, _ImageFolder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -125,11 +128,68 @@ def test_bad_paths_are_refused_before_any_file_is_written(tmp_path: Path, make, 
     assert not (tmp_path / "dst").exists() and not (tmp_path / "src" / "resized").exists()
 
 
-def test_a_destination_written_with_other_options_is_refused(tmp_path: Path) -> None:
+def test_a_destination_written_with_other_options_or_by_something_else_is_refused(tmp_path: Path) -> None:
     src, dst = source_folder(tmp_path / "src"), tmp_path / "dst"
     resize_dataset.main([str(src), str(dst), "--short-side", "256", "--workers", "1"])
+    assert json.loads((dst / resize_dataset.MANIFEST).read_text()) == {"short_side": 256, "quality": 90,
+                                                                       "complete": True}  # fmt: skip
+    before = {p: p.stat().st_mtime_ns for p in dst.rglob("*")}
     with pytest.raises(SystemExit, match=r"was written with \{'short_side': 256, 'quality': 90\}, not \{'short_side'"):
         resize_dataset.main([str(src), str(dst), "--short-side", "320", "--workers", "1"])
+    assert {p: p.stat().st_mtime_ns for p in dst.rglob("*")} == before
+    # A folder with files but no manifest: not a copy this tool wrote, whatever its files' sizes.
+    other = tmp_path / "other"
+    _jpeg(other / "train" / "a" / "large.JPEG", _noise(900, 900))
+    with pytest.raises(SystemExit, match="holds files but no resize_dataset.json"):
+        resize_dataset.main([str(src), str(other), "--workers", "1"])
+    assert Image.open(other / "train" / "a" / "large.JPEG").size == (900, 900)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match="destination .*file is a file"):
+        resize_dataset.main([str(src), str(tmp_path / "file"), "--workers", "1"])
+
+
+def test_a_second_run_into_the_same_destination_at_once_is_refused(tmp_path: Path) -> None:
+    src, dst = source_folder(tmp_path / "src"), tmp_path / "dst"
+    dst.mkdir()
+    with open(dst / resize_dataset.LOCK, "a") as held:  # as the first run holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(SystemExit, match="another run is writing"):
+            resize_dataset.resize_folder(src, dst, 256, 90, workers=1)
+    assert sorted(p.name for p in dst.iterdir()) == [resize_dataset.LOCK]  # nothing else written
+    resize_dataset.resize_folder(src, dst, 256, 90, workers=1)  # once it is released
+    assert json.loads((dst / resize_dataset.MANIFEST).read_text())["complete"] is True
+
+
+def test_a_copy_killed_midway_resumes_and_says_so(tmp_path: Path, monkeypatch, capsys) -> None:
+    src, dst = source_folder(tmp_path / "src"), tmp_path / "dst"
+    calls = []
+
+    def dies_after_three(*args):  # noqa: ANN002
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(args)
+        return real(*args)
+
+    real = resize_dataset.resize_one
+    monkeypatch.setattr(resize_dataset, "resize_one", dies_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        resize_dataset.resize_folder(src, dst, 256, 90, workers=1)
+    assert json.loads((dst / resize_dataset.MANIFEST).read_text())["complete"] is False
+    monkeypatch.undo()
+    capsys.readouterr()
+    counts = resize_dataset.resize_folder(src, dst, 256, 90, workers=1)
+    assert "resuming the interrupted copy" in capsys.readouterr().out
+    assert counts["kept"] == 3 and sum(counts.values()) == 9
+    assert json.loads((dst / resize_dataset.MANIFEST).read_text())["complete"] is True
+
+
+def test_the_pixel_limit_is_the_training_loaders_from_the_first_file_on() -> None:
+    # Checked in a fresh interpreter: PIL's limit is process-wide and other tests may have raised it already.
+    code = "import resize_dataset, image_loading; from PIL import Image; print(Image.MAX_IMAGE_PIXELS)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    from image_loading import MAX_PIXELS
+
+    assert int(out) >= MAX_PIXELS > 89_478_485  # PIL's own default would refuse images the loader takes
 
 
 @pytest.mark.parametrize(
@@ -182,9 +242,16 @@ def test_pil_decode_rate_prints_one_row_per_folder(tmp_path: Path, capsys, monke
     assert "1 of the sampled files are not there (first: train/a/3.JPEG)" in capsys.readouterr().err
 
 
-def test_image_files_match_what_the_dataset_finds(tmp_path: Path) -> None:
+def test_image_files_are_the_files_the_dataset_finds(tmp_path: Path) -> None:
     src = source_folder(tmp_path / "src")
+    linked = tmp_path / "elsewhere"
+    _jpeg(linked / "deep.JPEG", _noise(300, 300))
+    (src / "train" / "a" / "linked").symlink_to(linked, target_is_directory=True)
     names = [str(p) for p in resize_dataset.image_files(src)]
-    assert names == sorted(names, key=lambda n: (n.split("/")[0] != "train", n))
-    assert "train/b/notes.txt" not in names and not any(".hidden" in n for n in names)
-    assert len(names) == 9  # the 7 train images and 2 val images
+    for split in ("train", "val"):
+        dataset = _ImageFolder(str(src / split), loader=lambda path: path)
+        assert sorted(n for n in names if n.startswith(f"{split}/")) == sorted(
+            str(Path(path).relative_to(src)) for path, _ in dataset.samples
+        )
+    assert "train/a/linked/deep.JPEG" in names and "train/b/notes.txt" not in names
+    assert len(names) == 10  # 8 train images (one behind a link) and 2 val images

@@ -232,9 +232,13 @@ def test_kineto_trace_gives_known_phases_overlap_and_busy_fraction():
     # The first copy starts before the trace's first kernel (it may overlap kernels launched before the trace): left
     # out. The second, 120..140 us, overlaps conv_fwd on stream 7 at 132..142 for 8 us.
     assert copies["time_ms"] == 0.02 and copies["overlapped_ms"] == 0.008 and copies["overlap"] == 0.4
-    # The first compute kernel after each fetch starts 3 us (15 vs its launch at 12) and 1 us (132 vs 131) after the
-    # later of its launch and the compute before it: the launch latency, not a wait for the copy.
-    assert copies["waited_ms"] == 0.004 and copies["hidden"] == 0.8
+    # The first compute kernel after each fetch: step 10's starts at 15, 2 us after its launch call returned (12..13)
+    # on an idle stream; step 11's at 132, as its call (131..132) returns.
+    assert copies["waited_ms"] == 0.002 and copies["hidden"] == 0.9
+    # Without the launch calls in the trace a wait cannot be told from the host's time: none, the overlap judges.
+    bare = {"traceEvents": [e for e in handmade_trace()["traceEvents"] if e["cat"] != "cuda_runtime"]}
+    bare_copies = summarize_trace(bare, batch_size=8)["copies"]
+    assert bare_copies["waited_ms"] is None and bare_copies["hidden"] == bare_copies["overlap"]
     # Kernels on all streams, 15..75, 82..92, 132..142, 152..172, 182..190 = 108 us of the 0..190 us span.
     assert summary["gpu_busy"] == round(108 / 190, 4) and summary["gpu_busy_source"] == "kineto"
     assert summary["wall_ms"] == 0.2
@@ -244,15 +248,19 @@ def test_kineto_trace_gives_known_phases_overlap_and_busy_fraction():
 
 
 def test_input_wait_is_what_the_first_kernel_after_a_fetch_waits_beyond_its_launch_and_the_work_before_it():
-    compute = [(0.0, 40.0, 0.0), (40.0, 50.0, 20.0), (70.0, 90.0, 55.0), (94.0, 99.0, 94.0), (130.0, 140.0, 120.0)]
-    # Fetch ends at 50: the next launch (55) finds the stream idle (the work before it ended at 50) and starts at 70:
-    # 15 us on the input. Fetch ends at 100: launched at 120, the stream idle since 99, started at 130: 10 us.
-    assert trace_summary.input_wait(compute, [50.0]) == 15.0
-    assert trace_summary.input_wait(compute, [50.0, 100.0]) == 25.0
+    compute = [(0.0, 40.0), (40.0, 50.0), (70.0, 90.0), (80.0, 85.0), (94.0, 99.0), (130.0, 140.0)]
+    # (start, launch call start, launch call end); the first kernel's launch is not in the trace. 70 and 80 are one
+    # CUDA graph's kernels: one launch.
+    launched = [(40.0, 20.0, 21.0), (70.0, 55.0, 56.0), (80.0, 55.0, 56.0), (94.0, 94.0, 94.0), (130.0, 120.0, 121.0)]
+    # Fetch ends at 50: the next launch (55..56) finds the stream idle (the work before it ended at 50); its first
+    # kernel starts at 70: 14 us on the input. Fetch ends at 100: launched 120..121, idle since 99, started 130: 9 us.
+    assert trace_summary.input_wait(compute, launched, [50.0]) == 14.0
+    assert trace_summary.input_wait(compute, launched, [50.0, 100.0]) == 23.0
     # A kernel that starts when the work queued before it ends (fetch 10: launched at 20, ran at 40 after the kernel
-    # before it) or as soon as it is launched (fetch 90: 94) waited for nothing.
-    assert trace_summary.input_wait(compute, [10.0, 90.0]) == 0.0
-    assert trace_summary.input_wait(compute, [200.0]) == 0.0  # no kernel after the fetch
+    # before it) or as soon as its launch returns (fetch 90: 94) waited for nothing.
+    assert trace_summary.input_wait(compute, launched, [10.0, 90.0]) == 0.0
+    assert trace_summary.input_wait(compute, launched, [200.0]) == 0.0  # no kernel after the fetch
+    assert trace_summary.input_wait(compute, [], [50.0]) is None  # no launch in the trace: unknown
 
 
 def test_a_copy_that_holds_up_compute_is_judged_by_what_compute_waited():
