@@ -45,6 +45,8 @@ LAG_HOST_BOUND = 0.1  # GPU trailing the host by less than this share of a step:
 #: and there a fast rank waits for a slow one; what a rank spends in the others is its own.
 UNSYNCED = ("data", "optimizer", "other")
 STRAGGLER_PCT = 5.0  # a rank spending this share of a step more in UNSYNCED phases than the other ranks: straggler
+#: model.compile modes that capture the step in CUDA graphs (one launch a graph): the launch-overhead remedy is on.
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 # --- rank summaries -> report ----------------------------------------------------------------------------------
@@ -156,6 +158,7 @@ def build_report(summaries: Sequence[dict]) -> dict:
         "gpu_busy_source": "/".join(sorted({r["gpu_busy_source"] for r in ranks if r.get("gpu_busy_source")})) or None,
         "cuda": any(r.get("device", "").startswith("cuda") for r in ranks),
         "input": "/".join(sorted({r.get("input") or "unknown" for r in ranks})),
+        "cuda_graphs": bool(ranks) and all(r.get("compile") in CUDA_GRAPH_MODES for r in ranks),
         "copies": overall_copies,
         "between_steps": between_steps(ranks),
     }
@@ -231,17 +234,21 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
         )
     input_ok = not findings
     busy, lag, step = overall.get("gpu_busy"), overall.get("lag_ms"), overall.get("gpu_step_ms")
+    remedy = (
+        "a larger batch, or less host work outside the compiled model (CUDA graphs are on already)"
+        if overall.get("cuda_graphs")
+        else "try model.compile reduce-overhead (CUDA graphs: one launch a graph) or a larger batch"
+    )
     if input_ok and overall.get("cuda"):
         if busy is not None and overall.get("gpu_busy_source") == "kineto" and busy < BUSY_OK:
             findings.append(
                 f"host-bound: the GPU is busy {100 * busy:.1f}% of the window with no input stall; launch overhead: "
-                "try model.compile reduce-overhead (CUDA graphs: one launch a graph) or a larger batch"
+                f"{remedy}"
             )
         elif lag is not None and step and lag < LAG_HOST_BOUND * step and overall.get("gpu_busy_source") != "kineto":
             findings.append(
                 f"host-bound: the GPU finishes each step {lag:.2f} ms after the host issues it (of a {step:.1f} ms "
-                "step), so it waits for launches; try model.compile reduce-overhead (CUDA graphs: one launch a "
-                "graph) or a larger batch"
+                f"step), so it waits for launches; {remedy}"
             )
     for s in slow:
         findings.append(

@@ -67,6 +67,7 @@ class StepTimer:
         self._copies: list[CopyEvents] = []
         self._prefetchers: list[DevicePrefetcher] = []
         self._input = "other"
+        self._compile: str | None = None
         self._between: dict[int, list[str]] = {}  # step -> the work between it and the next step (epoch end, ...)
 
     # --- recording (inside the window only) ------------------------------------------------------------
@@ -79,6 +80,9 @@ class StepTimer:
         loaders = trainer.train_dataloader
         # What feeds the steps: copies are measured for the prefetcher; synthetic batches live on the device already.
         self._input = "on-device" if isinstance(loaders, SyntheticBatches) else "other"
+        # The model's torch.compile mode: the advice for launch overhead depends on whether CUDA graphs are on already.
+        hparams = getattr(getattr(trainer, "lightning_module", None), "hparams", None) or {}
+        self._compile = hparams.get("compile") if isinstance(hparams.get("compile"), str) else None
         prefetchers = find_prefetchers(loaders)
         if prefetchers:
             # The verdict's advice differs: an input stall with the GPU decoding is GPU time, not CPU cores.
@@ -195,6 +199,7 @@ class StepTimer:
             "gpu_busy_source": None,
             "copies": None,
             "input": self._input,
+            "compile": self._compile,
         }
         if steps:
             summary["window"] = [steps[0]["row"]["step"], steps[-1]["row"]["step"]]

@@ -137,6 +137,19 @@ def test_with_the_gpu_decoding_an_input_stall_points_at_cpu_cores_not_at_the_gpu
     assert build_report([stalled])["findings"][0].endswith("; more data.workers or data.decode gpu")
 
 
+def test_host_bound_advice_knows_whether_cuda_graphs_are_on_already():
+    graphs = [rank_summary(rank=r, lag=0.05) | {"compile": "reduce-overhead"} for r in range(2)]
+    findings = build_report(graphs)["findings"]
+    assert findings == [
+        "host-bound: the GPU finishes each step 0.05 ms after the host issues it (of a 100.0 ms step), so it waits "
+        "for launches; a larger batch, or less host work outside the compiled model (CUDA graphs are on already)"
+    ]
+    # A rank without graphs (or a report from before the mode was recorded): the graphs are the advice.
+    graphs[1]["compile"] = "default"
+    assert "try model.compile reduce-overhead" in build_report(graphs)["findings"][0]
+    assert "try model.compile reduce-overhead" in build_report([rank_summary(lag=0.05)])["findings"][0]
+
+
 def test_verdict_host_bound_from_an_exact_busy_fraction():
     summary = rank_summary(busy=0.55)
     summary["gpu_busy_source"] = "kineto"
