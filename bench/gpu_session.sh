@@ -13,6 +13,10 @@
 # split-P  : bench/throughput.py on 1 GPU pinned to CORES cores (default 16, as one H200 has on these machines;
 #            CORES-2 workers): app synthetic, PIL folder, nvJPEG folder, and the decode split between them
 #            (data.cpu_decode_share: each of SHARES, space-separated, default "0.6 0.7 0.8")
+# resized-P: the split-P run (VARIANTS default app_synthetic,app_folder,app_folder_gpu@0.85) on the JPEG folder and
+#            on its copy by resize_dataset.py at short side SIDE (default 256), one after the other, each with its own
+#            synthetic row; COMPILE=MODE compiles every app row with that torch.compile mode; then
+#            bench/pil_decode_rate.py on both folders (PIL per core)
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 # report2  : the same on 2 GPUs (DDP): one report with both ranks; SHARE sets data.cpu_decode_share of both (default 0)
 # report-synthetic, report2-synthetic: the same on synthetic data, the reference for the phases' GPU times (what the
@@ -76,6 +80,22 @@ for stage in "$@"; do
       --arch resnet50 --precision "$p" --channels-last --workers $((cores - 2)) --variants "${VARIANTS:-$variants}" \
       --data "$data" > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
+  resized-*)
+    jpegs; p=${stage#*-}; cores=${CORES:-16}; side=${SIDE:-256}; flags=(); suffix=""
+    [ -n "${COMPILE:-}" ] && flags=(--compile) && suffix=":$COMPILE"
+    [ -d "${data}_$side" ] || python3 resize_dataset.py "$data" "${data}_$side" --short-side "$side" \
+      --workers "$(nproc)" > "$out/resize_$side.txt" 2>&1
+    tail -1 "$out/resize_$side.txt"
+    variants=${VARIANTS:-app_synthetic,app_folder,app_folder_gpu@0.85}
+    [ -n "$suffix" ] && variants=$(echo "$variants" | sed "s/\(,\|$\)/$suffix\1/g")
+    for folder in "$data" "${data}_$side"; do
+      BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
+        bench/throughput.py --arch resnet50 --precision "$p" --channels-last "${flags[@]}" --workers $((cores - 2)) \
+        --variants "$variants" --data "$folder" > "$out/throughput_${stage}_$(basename "$folder").txt" 2>&1
+      echo "--- $folder"; table "$out/throughput_${stage}_$(basename "$folder").txt"
+    done
+    timeout "$limit" python3 bench/pil_decode_rate.py --data "$data" "${data}_$side" --images 400 \
+      | tee "$out/pil_decode_rate.txt" ;;
   report|report2|report-synthetic|report2-synthetic)
     n=1; [ "${stage%-synthetic}" = report2 ] && n=2
     if [ "${stage#*-}" = synthetic ]; then input=(--config configs/resnet50_synthetic.yaml)
