@@ -18,10 +18,11 @@ more). Whether that costs accuracy in your recipe is yours to measure; nothing h
 
 Files whose short side is already within the limit are copied byte for byte when they are upright JPEGs (RGB or
 gray). Everything else is decoded as the training loader decodes it (``image_loading.load_rgb``: upright by its EXIF
-orientation, 8-bit RGB, alpha composited on white, 16-bit scaled) and stored as a JPEG of ``--quality`` under its own
-name, so that class folders, file names and labels stay the same and nvJPEG (``data.decode: gpu``) can decode every
-file. A file that does not decode is copied unchanged and listed: the loader's bad-image policy (``data.on_bad_image``)
-decides at training time, as it would on the source.
+orientation, 8-bit RGB, alpha composited on white, 16-bit scaled; a JPEG of at least twice the short side at a
+power-of-two reduction that keeps it, which is faster), resized (bicubic) and stored as a JPEG of ``--quality``
+under its own name, so that class folders, file names and labels stay the same and nvJPEG (``data.decode: gpu``) can
+decode every file. A file that does not decode is copied unchanged and listed: the loader's bad-image policy
+(``data.on_bad_image``) decides at training time, as it would on the source.
 
 Each file is written to a temporary name and renamed, so a copy never holds half a file (after a killed run; a power
 loss is not covered: nothing is fsynced); an interrupted run resumes where it stopped (files already there are kept).
@@ -103,8 +104,9 @@ def _write(source: Path, partial: Path, short_side: int, quality: int) -> str:
                 image.load()  # decodable as it is: the very bytes go
                 shutil.copyfile(source, partial)
                 return "copied"
-        # Everything else is decoded as training decodes it (upright, 8-bit RGB, alpha on white, 16-bit scaled).
-        image = load_rgb(str(source))
+        # Everything else is decoded as training decodes it (upright, 8-bit RGB, alpha on white, 16-bit scaled); a JPEG
+        # of twice the short side or more at a power-of-two reduction that keeps it (libjpeg's DCT scaling: faster).
+        image = load_rgb(str(source), draft_min_side=short_side)
     except (BadImageError, OSError, ValueError, SyntaxError, TypeError, IndexError, EOFError, struct.error,
             zlib.error, Image.DecompressionBombError):  # fmt: skip
         shutil.copyfile(source, partial)

@@ -255,3 +255,13 @@ def test_image_files_are_the_files_the_dataset_finds(tmp_path: Path) -> None:
         )
     assert "train/a/linked/deep.JPEG" in names and "train/b/notes.txt" not in names
     assert len(names) == 10  # 8 train images (one behind a link) and 2 val images
+
+
+def test_a_large_jpeg_is_decoded_at_a_reduced_size_and_matches_a_full_size_resize(tmp_path: Path) -> None:
+    y, x = np.mgrid[0:1200, 0:1800]
+    smooth = np.stack([x * 255 / 1800, y * 255 / 1200, (x + y) * 255 / 3000], -1).astype(np.uint8)
+    src = _jpeg(tmp_path / "big.JPEG", Image.fromarray(smooth))
+    assert resize_dataset.resize_one(src, tmp_path / "out.JPEG", 256, 90) == "resized"
+    out = np.asarray(Image.open(tmp_path / "out.JPEG"), dtype=np.float64)
+    full = np.asarray(Image.open(src).resize((384, 256), Image.Resampling.BICUBIC), dtype=np.float64)
+    assert out.shape == (256, 384, 3) and np.abs(out - full).mean() < 2.0
