@@ -17,6 +17,9 @@
 #            on its copy by resize_dataset.py at short side SIDE (default 256), one after the other, each with its own
 #            synthetic row; COMPILE=MODE compiles every app row with that torch.compile mode; then
 #            bench/pil_decode_rate.py on both folders (PIL per core)
+# autotune-P: the app on synthetic data compiled with max-autotune under nsys for DURATION s (default 300; nsys then
+#            stops the run; STAGE_TIMEOUT default 360 here), stacks of every thread at STACKS_AFTER_S (default 280), then the kernels and CUDA API calls
+#            that took the time (what the stall after step 100 of the ninth session waited on); text only comes back
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 # report2  : the same on 2 GPUs (DDP): one report with both ranks; SHARE sets data.cpu_decode_share of both (default 0)
 # report-synthetic, report2-synthetic: the same on synthetic data, the reference for the phases' GPU times (what the
@@ -96,6 +99,18 @@ for stage in "$@"; do
     done
     timeout "$limit" python3 bench/pil_decode_rate.py --data "$data" "${data}_$side" --images 400 \
       | tee "$out/pil_decode_rate.txt" ;;
+  autotune-*)
+    p=${stage#*-}
+    BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-280} timeout "${STAGE_TIMEOUT:-360}" nsys profile -s none -t cuda,nvtx \
+      --force-overwrite true --duration "${DURATION:-300}" -o /tmp/autotune python3 bench/throughput.py \
+      --arch resnet50 --precision "$p" --channels-last --compile --workers 0 \
+      --variants "${VARIANTS:-app_synthetic:max-autotune}" > "$out/autotune.txt" 2>&1
+    grep -E "x1:|Epoch:|AUTOTUNE|Timeout|failed" "$out/autotune.txt" | cut -c1-200 | tail -12
+    for report in cuda_gpu_kern_sum cuda_api_sum; do
+      nsys stats --report "$report" --format csv /tmp/autotune.nsys-rep 2>/dev/null | head -15 \
+        > "$out/autotune_$report.csv"
+      cut -c1-160 "$out/autotune_$report.csv" | head -8
+    done ;;
   report|report2|report-synthetic|report2-synthetic)
     n=1; [ "${stage%-synthetic}" = report2 ] && n=2
     if [ "${stage#*-}" = synthetic ]; then input=(--config configs/resnet50_synthetic.yaml)
