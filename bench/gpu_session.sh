@@ -18,8 +18,9 @@
 #            synthetic row; COMPILE=MODE compiles every app row with that torch.compile mode; then
 #            bench/pil_decode_rate.py on both folders (PIL per core)
 # autotune-P: the app on synthetic data compiled with max-autotune under nsys for DURATION s (default 300; nsys then
-#            stops the run; STAGE_TIMEOUT default 360 here), stacks of every thread at STACKS_AFTER_S (default 280), then the kernels and CUDA API calls
-#            that took the time (what the stall after step 100 of the ninth session waited on); text only comes back
+#            stops the run; STAGE_TIMEOUT default 360 here), stacks of every thread at STACKS_AFTER_S (default 280),
+#            then the kernels and CUDA API calls that took the time (what the stall after step 100 of the ninth
+#            session waited on); text only comes back
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 # report2  : the same on 2 GPUs (DDP): one report with both ranks; SHARE sets data.cpu_decode_share of both (default 0)
 # report-synthetic, report2-synthetic: the same on synthetic data, the reference for the phases' GPU times (what the
