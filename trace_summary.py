@@ -153,9 +153,10 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         for k in kernels:
             busiest[stream(k)] = busiest.get(stream(k), 0.0) + k["dur"]
         compute_streams = {max(busiest, key=busiest.__getitem__)}
+    on_compute = [(k, t, i) for k, t, i in launched if stream(k) in compute_streams]  # with launch time and step
     per_step: list[dict[str, list[Interval]]] = [{n: [] for n in (*RANGE_PHASES, "other")} for _ in steps]
-    for k, t, i in launched:
-        if i is not None and stream(k) in compute_streams:
+    for k, t, i in on_compute:
+        if i is not None:
             per_step[i][phase_at(i, t)].append((float(k["ts"]), float(k["ts"] + k["dur"])))
     copies = [
         e
@@ -172,10 +173,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
             h2d[i] += c["dur"] / 1000
     # The end of the compute-stream work launched in each gap (validation's forward passes, a save's copies): the GPU
     # may still run it after the host has started the next step.
-    gap_work_end = [
-        max((k["ts"] + k["dur"] for k, t, _ in launched if stream(k) in compute_streams and a <= t < b), default=a)
-        for a, b in host_gaps
-    ]
+    gap_work_end = [max((k["ts"] + k["dur"] for k, t, _ in on_compute if a <= t < b), default=a) for a, b in host_gaps]
     gap_after = {i: n for n, i in enumerate(sorted(gaps))}  # step index -> its gap's position in host_gaps
     rows = []
     previous_end: float | None = None
@@ -234,11 +232,10 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
             ]
             t, o = overlap(spans, cover)
             total, inside = total + t, inside + o
-        on_compute = [k for k, _, _ in launched if stream(k) in compute_streams]
-        compute = [(float(k["ts"]), float(k["ts"] + k["dur"])) for k in on_compute]
+        compute = [(float(k["ts"]), float(k["ts"] + k["dur"])) for k, _, _ in on_compute]
         with_launch = [
             (float(k["ts"]), launches[c], launch_ends[c])
-            for k in on_compute
+            for k, _, _ in on_compute
             if (c := k.get("args", {}).get("correlation")) in launches
         ]
         fetched = [end for p in phases for _, end in p["data"]]  # an epoch's first fetch, in its gap, is not here

@@ -81,8 +81,8 @@ class StepTimer:
         # What feeds the steps: copies are measured for the prefetcher; synthetic batches live on the device already.
         self._input = "on-device" if isinstance(loaders, SyntheticBatches) else "other"
         # The model's torch.compile mode: the advice for launch overhead depends on whether CUDA graphs are on already.
-        hparams = getattr(getattr(trainer, "lightning_module", None), "hparams", None) or {}
-        self._compile = hparams.get("compile") if isinstance(hparams.get("compile"), str) else None
+        mode = (getattr(getattr(trainer, "lightning_module", None), "hparams", None) or {}).get("compile")
+        self._compile = mode if isinstance(mode, str) else None
         prefetchers = find_prefetchers(loaders)
         if prefetchers:
             # The verdict's advice differs: an input stall with the GPU decoding is GPU time, not CPU cores.
