@@ -48,7 +48,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from PIL import Image
-from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 from datamodule import class_folders
 from image_loading import MAX_PIXELS, BadImageError, load_rgb
@@ -66,18 +66,15 @@ _ORIENTATION = 0x0112
 
 
 def image_files(root: Path, splits: Sequence[str] = SPLITS) -> Iterator[Path]:
-    """Every image of ``root``'s splits as the app's dataset finds them (visible class folders, torchvision's
-    extensions, sub-folders included), relative to ``root``, in a fixed order."""
+    """Every image of ``root``'s splits as the app's dataset finds them (torchvision's ``make_dataset`` over the
+    visible class folders), relative to ``root``, in a fixed order."""
     for split in splits:
         folder = root / split
         if not folder.is_dir():
             continue
-        for name in class_folders(folder):
-            # followlinks as torchvision's make_dataset: a linked sub-folder is part of the dataset
-            for directory, _, files in sorted(os.walk(folder / name, followlinks=True)):
-                for file in sorted(files):
-                    if file.lower().endswith(IMG_EXTENSIONS):
-                        yield (Path(directory) / file).relative_to(root)
+        classes = {name: i for i, name in enumerate(class_folders(folder))}
+        for path, _ in make_dataset(str(folder), classes, extensions=IMG_EXTENSIONS, allow_empty=True):
+            yield Path(path).relative_to(root)
 
 
 def resize_one(source: Path, target: Path, short_side: int, quality: int) -> str:
