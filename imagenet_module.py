@@ -144,7 +144,8 @@ class ImageNetClassifier(pl.LightningModule):
         batch_size: Per-device batch size (linked from ``data.batch_size``), for the learning-rate scaling.
         channels_last: Run the model in channels_last memory format (tensor cores want NHWC).
         compile: ``torch.compile`` the model with this mode (``default``, ``reduce-overhead``, ``max-autotune``,
-            ``max-autotune-no-cudagraphs``), or ``null`` for eager.
+            ``max-autotune-no-cudagraphs``), or ``null`` for eager. Shapes are static: each batch shape (training,
+            validation, a short last batch) gets its own graph.
         fused_sgd: The SGD kernel. ``true``: torch's fused SGD, one kernel for the whole update; under ``16-mixed``
             it also takes GradScaler's overflow check: a step with inf/NaN gradients is skipped on the GPU, so no
             step waits for the host to read the check back (the unfused optimizer syncs once per step for it).
@@ -230,7 +231,10 @@ class ImageNetClassifier(pl.LightningModule):
     @override
     def configure_model(self) -> None:
         if self.hparams.compile and self._compiled is None:
-            self.__dict__["_compiled"] = torch.compile(self.model, mode=self.hparams.compile)
+            # dynamic=False: otherwise the sanity check's short last validation batch makes torch.compile mark the
+            # batch size dynamic, and the training graph compiled after it runs symbolic-shape kernels: 5,042 instead
+            # of 6,375 img/s for ResNet-50 reduce-overhead on an H200 (bench/RESULTS.md, tenth session).
+            self.__dict__["_compiled"] = torch.compile(self.model, mode=self.hparams.compile, dynamic=False)
 
     @override
     def forward(self, images: torch.Tensor) -> torch.Tensor:
