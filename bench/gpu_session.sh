@@ -22,6 +22,8 @@
 #            then the kernels and CUDA API calls that took the time (what the stall after step 100 of the ninth
 #            session waited on); text only comes back
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
+#            (DECODE sets data.decode, default gpu; SIDE=N reads the folder's resize_dataset.py copy at short side N;
+#            COMPILE=MODE sets model.compile)
 # report2  : the same on 2 GPUs (DDP): one report with both ranks; SHARE sets data.cpu_decode_share of both (default 0)
 # report-synthetic, report2-synthetic: the same on synthetic data, the reference for the phases' GPU times (what the
 #            input path and DDP's all-reduce add to forward and backward); PRECISION sets trainer.precision of all
@@ -52,6 +54,11 @@ jpegs() {
     --train-per-class "$pc" --val-per-class 4 > "$out/jpegs.txt" && mv "$data.partial" "$data"; }
 }
 table() { grep -v "^app\|^raw" "$1"; }
+# The folder's copy at short side $1 (resize_dataset.py resumes an interrupted copy and refuses other options).
+resized() {
+  python3 resize_dataset.py "$data" "${data}_$1" --short-side "$1" --workers "$(nproc)" > "$out/resize_$1.txt" 2>&1
+  tail -1 "$out/resize_$1.txt"
+}
 for stage in "$@"; do
   echo "=== $stage (t=${SECONDS}s)"
   case $stage in
@@ -87,9 +94,7 @@ for stage in "$@"; do
   resized-*)
     jpegs; p=${stage#*-}; cores=${CORES:-16}; side=${SIDE:-256}; flags=(); suffix=""
     [ -n "${COMPILE:-}" ] && flags=(--compile) && suffix=":$COMPILE"
-    [ -d "${data}_$side" ] || python3 resize_dataset.py "$data" "${data}_$side" --short-side "$side" \
-      --workers "$(nproc)" > "$out/resize_$side.txt" 2>&1
-    tail -1 "$out/resize_$side.txt"
+    resized "$side"
     variants=${VARIANTS:-app_synthetic,app_folder,app_folder_gpu@0.85}
     [ -n "$suffix" ] && variants=$(echo "$variants" | sed "s/\(,\|$\)/$suffix\1/g")
     for folder in "$data" "${data}_$side"; do
@@ -115,8 +120,10 @@ for stage in "$@"; do
   report|report2|report-synthetic|report2-synthetic)
     n=1; [ "${stage%-synthetic}" = report2 ] && n=2
     if [ "${stage#*-}" = synthetic ]; then input=(--config configs/resnet50_synthetic.yaml)
-    else jpegs; input=(--config configs/resnet50_imagenet.yaml --data.root "$data" --data.workers $(($(nproc) / n))
-      --data.decode gpu --data.cpu_decode_share "${SHARE:-0}"); fi
+    else jpegs; root=$data; [ -n "${SIDE:-}" ] && resized "$SIDE" && root=${data}_$SIDE
+      input=(--config configs/resnet50_imagenet.yaml --data.root "$root" --data.workers $(($(nproc) / n))
+      --data.decode "${DECODE:-gpu}" --data.cpu_decode_share "${SHARE:-0}"); fi
+    [ -n "${COMPILE:-}" ] && input+=(--model.compile "$COMPILE")
     timeout "$limit" python3 train.py "${input[@]}" --data.batch_size 256 --trainer.devices "$n" \
       --trainer.precision "${PRECISION:-bf16-mixed}" --trainer.max_steps 40 --trainer.enable_progress_bar false \
       --trainer.default_root_dir "/tmp/${stage}_run" --trainer.logger.init_args.save_dir "/tmp/${stage}_run" \

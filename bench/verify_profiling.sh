@@ -10,6 +10,8 @@
 # torchrun2  : 2 GPUs through torchrun, one report per rank (%q{RANK})
 # torchrunN  : every GPU of the machine through torchrun, one report per rank (the 4- and 8-GPU check)
 # ncu        : Nsight Compute on the kernels of one step range (--nvtx-include "step 20/")
+# COMPILE=MODE runs every stage with --model.compile MODE; under the CUDA-graph modes (reduce-overhead, max-autotune)
+# nsys traces each graph's kernels (--cuda-graph-trace=node: by default a replayed graph is one opaque range).
 set -uo pipefail
 out=${1:?OUTDIR}; shift
 mkdir -p "$out"
@@ -17,6 +19,10 @@ data=/tmp/shapes_bench
 common=(--config configs/resnet50_synthetic.yaml --data.source generated --data.root "$data" --data.workers 8
         --data.crop_size 224 --trainer.max_steps 60 --trainer.enable_progress_bar false --data.batch_size 128)
 nsys_flags=(-s none -t cuda,nvtx --capture-range=cudaProfilerApi --force-overwrite true)
+if [ -n "${COMPILE:-}" ]; then
+  common+=(--model.compile "$COMPILE")
+  case $COMPILE in reduce-overhead|max-autotune) nsys_flags+=(--cuda-graph-trace=node) ;; esac
+fi
 python3 -c "import shapes_dataset as s; s.generate('$data', train_per_class=400, val_per_class=10)"
 status=0
 run() { echo "+ $*"; "$@"; local rc=$?; echo "exit code: $rc"; [ $rc -eq 0 ] || status=1; return $rc; }
