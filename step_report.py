@@ -218,7 +218,9 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
                 "data.cpu_decode_share while CPU cores are free, or data.decode cpu with more data.workers"
             )
         else:
-            advice = "more data.workers or data.decode gpu"
+            # Fewer pixels per file: on an H200's 16 cores PIL kept compiled ResNet-50 fed from a copy at short side 256
+            # (0.981 of synthetic) where the original 300-500 px files gave 0.517 (bench/RESULTS.md, tenth session).
+            advice = "more data.workers, a pre-resized copy (resize_dataset.py) or data.decode gpu"
         findings.append(f"input-bound: data wait is {data:.1f}% of the step{where}; {advice}")
     overlapped = copies["overlap"] if copies else None
     # Hidden: overlapped, or run while the compute stream had nothing issued to run (then the host, not the copy, is

@@ -106,7 +106,7 @@ def test_report_of_a_hidden_prefetch_says_so_in_one_line():
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [
-        ({"data": 20.0}, "input-bound: data wait is 20.0% of the step; more data.workers or data.decode gpu"),
+        ({"data": 20.0}, "input-bound: data wait is 20.0% of the step; more data.workers, a pre-resized copy"),
         ({"copies": trace_summary.copy_stats(40, 10, 0, 4, 4, "kineto")}, "copies are pageable (4 of 4): enable pin_m"),
         ({"copies": trace_summary.copy_stats(40, 10, 4, 0, 4, "kineto")}, "copies serialize with compute: 25.0% of"),
         ({"lag": 0.05}, "host-bound: the GPU finishes each step 0.05 ms after the host issues it"),
@@ -134,7 +134,9 @@ def test_with_the_gpu_decoding_an_input_stall_points_at_cpu_cores_not_at_the_gpu
     )
     # The CPU path's stall keeps its own advice.
     stalled["input"] = "prefetcher"
-    assert build_report([stalled])["findings"][0].endswith("; more data.workers or data.decode gpu")
+    assert build_report([stalled])["findings"][0].endswith(
+        "; more data.workers, a pre-resized copy (resize_dataset.py) or data.decode gpu"
+    )
 
 
 def test_host_bound_advice_knows_whether_cuda_graphs_are_on_already():
@@ -172,7 +174,8 @@ def test_a_slow_rank_is_flagged_with_the_phase_that_makes_it_slow():
     assert slow["excess_ms"] == pytest.approx(12.0) and slow["excess_pct"] == 12.0  # of the 100 ms step
     assert report["overall"]["images_per_s"] == 4 * 2560.0
     assert report["findings"] == [
-        "input-bound: data wait is 12.1% of the step (rank 2); more data.workers or data.decode gpu",
+        "input-bound: data wait is 12.1% of the step (rank 2); more data.workers, a pre-resized copy "
+        "(resize_dataset.py) or data.decode gpu",
         "straggler: rank 2 spends 12.00 ms (12.0% of a step) longer than the other ranks outside the synchronized "
         "phases (data +12.00 ms); the others wait for it in forward/backward",
     ]
