@@ -242,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{counts[k]} {k}" for k in ("resized", "re-encoded", "copied", "kept", "unreadable") if counts[k]
     )
     print(f"resize_dataset: {total} files in {time.perf_counter() - start:.1f} s ({summary or 'none'}) -> {a.dst}")
+    # PIL in the workers, not the GPU decode path: on the small files they keep up, and the GPU path's host work in the
+    # training process only slows it (bench/RESULTS.md, tenth session).
+    print(f"resize_dataset: train on it with --data.root {a.dst} --data.decode cpu")
 
 
 if __name__ == "__main__":

@@ -215,7 +215,8 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             # can take a share of the files off it, while they have cores to spare.
             advice = (
                 "the GPU decode path's per-image host work holds up the training process: raise "
-                "data.cpu_decode_share while CPU cores are free, or data.decode cpu with more data.workers"
+                "data.cpu_decode_share while CPU cores are free, or data.decode cpu with more data.workers or a "
+                "pre-resized copy (resize_dataset.py)"
             )
         else:
             # Fewer pixels per file: on an H200's 16 cores PIL kept compiled ResNet-50 fed from a copy at short side 256

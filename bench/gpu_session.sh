@@ -57,7 +57,7 @@ table() { grep -v "^app\|^raw" "$1"; }
 # The folder's copy at short side $1 (resize_dataset.py resumes an interrupted copy and refuses other options).
 resized() {
   python3 resize_dataset.py "$data" "${data}_$1" --short-side "$1" --workers "$(nproc)" > "$out/resize_$1.txt" 2>&1
-  tail -1 "$out/resize_$1.txt"
+  grep "files in" "$out/resize_$1.txt"
 }
 for stage in "$@"; do
   echo "=== $stage (t=${SECONDS}s)"

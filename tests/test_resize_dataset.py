@@ -61,6 +61,7 @@ def test_each_kind_of_file_becomes_an_upright_jpeg_within_the_short_side(tmp_pat
     out = capsys.readouterr().out
     assert "9 files in" in out and "(4 resized, 2 re-encoded, 2 copied, 1 unreadable)" in out
     assert "1 file(s) PIL could not read were copied unchanged: train/b/broken.JPEG" in out
+    assert out.rstrip().endswith(f"train on it with --data.root {dst} --data.decode cpu")
 
     def opened(name: str) -> Image.Image:
         image = Image.open(dst / name)

@@ -126,7 +126,7 @@ def test_with_the_gpu_decoding_an_input_stall_points_at_cpu_cores_not_at_the_gpu
     assert build_report([stalled])["findings"] == [
         "input-bound: data wait is 20.0% of the step; the GPU decode path's per-image host work holds up the "
         "training process: raise data.cpu_decode_share while CPU cores are free, or data.decode cpu with more "
-        "data.workers"
+        "data.workers or a pre-resized copy (resize_dataset.py)"
     ]
     assert (
         build_report([hidden])["verdict"]
