@@ -120,7 +120,7 @@ for stage in "$@"; do
   report|report2|report-synthetic|report2-synthetic)
     n=1; [ "${stage%-synthetic}" = report2 ] && n=2
     if [ "${stage#*-}" = synthetic ]; then input=(--config configs/resnet50_synthetic.yaml)
-    else jpegs; root=$data; [ -n "${SIDE:-}" ] && resized "$SIDE" && root=${data}_$SIDE
+    else jpegs; root=$data; if [ -n "${SIDE:-}" ]; then resized "$SIDE"; root=${data}_$SIDE; fi
       input=(--config configs/resnet50_imagenet.yaml --data.root "$root" --data.workers $(($(nproc) / n))
       --data.decode "${DECODE:-gpu}" --data.cpu_decode_share "${SHARE:-0}"); fi
     [ -n "${COMPILE:-}" ] && input+=(--model.compile "$COMPILE")
