@@ -22,6 +22,7 @@ epoch after an epoch-end resume also needs checkpoint_io.py's repair of Lightnin
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import weakref
 from collections.abc import Iterator, Sequence
@@ -175,12 +176,17 @@ class _ImageFolder(datasets.ImageFolder):
         return classes, {name: index for index, name in enumerate(classes)}
 
 
+#: What resize_dataset.py records in the copy it writes: its options and whether every file is there.
+RESIZE_MANIFEST = "resize_dataset.json"
+
+
 def check_layout(root: str | os.PathLike) -> list[str]:
     """Checks ``root/train/<class>/`` and ``root/val/<class>/`` and returns the sorted class names.
 
     Raises:
         FileNotFoundError: ``root``, ``root/train`` or ``root/val`` is missing.
-        ValueError: a split has no class folders, or the two splits have different class sets.
+        ValueError: a split has no class folders, the two splits have different class sets, or ``root`` is a copy
+            by resize_dataset.py that was interrupted (it would train on the files written so far).
     """
     root = Path(root)
     if not root.is_dir():
@@ -188,6 +194,18 @@ def check_layout(root: str | os.PathLike) -> list[str]:
             f"data.root: {root} does not exist or is not a folder; expected an ImageNet layout "
             f"{root}/train/<class>/*.JPEG and {root}/val/<class>/*.JPEG"
         )
+    manifest = root / RESIZE_MANIFEST
+    if manifest.is_file():
+        try:
+            written = json.loads(manifest.read_text())
+        except (OSError, ValueError) as error:
+            raise ValueError(f"data.root: {manifest} cannot be read ({error}); rerun resize_dataset.py") from None
+        if written.get("complete") is not True:
+            raise ValueError(
+                f"data.root: {root} is an unfinished copy by resize_dataset.py ({manifest}: complete is not true); "
+                f"run python resize_dataset.py SOURCE {root} --short-side {written.get('short_side', 'N')} again to "
+                "finish it (it resumes)"
+            )
     classes = {}
     for split in ("train", "val"):
         folder = root / split

@@ -50,7 +50,7 @@ from pathlib import Path
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
-from datamodule import class_folders
+from datamodule import RESIZE_MANIFEST, class_folders
 from image_loading import MAX_PIXELS, BadImageError, load_rgb
 
 # The training loader raises PIL's process-wide limit to its own before opening a file; the header read here comes
@@ -58,7 +58,7 @@ from image_loading import MAX_PIXELS, BadImageError, load_rgb
 if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < MAX_PIXELS:
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS
 
-MANIFEST = "resize_dataset.json"
+MANIFEST = RESIZE_MANIFEST
 LOCK = ".resize_dataset.lock"
 SPLITS = ("train", "val")
 #: PIL orientation tag; anything but 1 (or none) means the stored pixels are not upright.

@@ -396,6 +396,13 @@ def test_split_without_class_folders(tmp_path: Path) -> None:
         check_layout(root)
 
 
+def test_a_resize_manifest_that_cannot_be_read_is_refused(tmp_path: Path) -> None:
+    root = make_layout(tmp_path / "data", ["a"], ["a"])
+    (root / "resize_dataset.json").write_text('{"short_side": 256, "quali')  # cut off mid-write by hand
+    with pytest.raises(ValueError, match=re.escape(f"data.root: {root / 'resize_dataset.json'} cannot be read")):
+        check_layout(root)
+
+
 def test_differing_class_sets(tmp_path: Path) -> None:
     root = make_layout(tmp_path / "data", ["a", "b", "c"], ["a", "c", "d"])
     with pytest.raises(ValueError, match=r"different classes \(only in train: \['b'\]; only in val: \['d'\]\)"):

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 import resize_dataset
-from datamodule import ImageNetDataModule, _ImageFolder
+from datamodule import ImageNetDataModule, _ImageFolder, check_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -176,12 +176,21 @@ def test_a_copy_killed_midway_resumes_and_says_so(tmp_path: Path, monkeypatch, c
     with pytest.raises(KeyboardInterrupt):
         resize_dataset.resize_folder(src, dst, 256, 90, workers=1)
     assert json.loads((dst / resize_dataset.MANIFEST).read_text())["complete"] is False
+    # Training on the 3 files written so far is refused, with the command that finishes the copy.
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"{dst} is an unfinished copy by resize_dataset.py")
+        + r".*"
+        + re.escape(f"resize_dataset.py SOURCE {dst} --short-side 256 again"),
+    ):
+        ImageNetDataModule(root=str(dst), workers=0, batch_size=2).setup("fit")
     monkeypatch.undo()
     capsys.readouterr()
     counts = resize_dataset.resize_folder(src, dst, 256, 90, workers=1)
     assert "resuming the interrupted copy" in capsys.readouterr().out
     assert counts["kept"] == 3 and sum(counts.values()) == 9
     assert json.loads((dst / resize_dataset.MANIFEST).read_text())["complete"] is True
+    assert check_layout(dst) == check_layout(src) == ["a", "b"]
 
 
 def test_the_pixel_limit_is_the_training_loaders_from_the_first_file_on() -> None:
