@@ -27,8 +27,9 @@ decode every file. A file that does not decode is copied unchanged and listed: t
 Each file is written to a temporary name and renamed, so a copy never holds half a file (after a killed run; a power
 loss is not covered: nothing is fsynced); an interrupted run resumes where it stopped (files already there are kept).
 The options are recorded in ``resize_dataset.json`` in the destination, with ``complete`` true once every file is
-there. A run with other options, a destination that holds files this tool did not write, or a second run into the
-same destination at the same time is refused before any file is written.
+there; until then the data module refuses to train on the copy. A run with other options, a destination that holds
+files this tool did not write, or a second run into the same destination at the same time is refused before any file
+is written.
 """
 
 from __future__ import annotations
