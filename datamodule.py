@@ -200,11 +200,13 @@ def check_layout(root: str | os.PathLike) -> list[str]:
             written = json.loads(manifest.read_text())
         except (OSError, ValueError) as error:
             raise ValueError(f"data.root: {manifest} cannot be read ({error}); rerun resize_dataset.py") from None
+        if not isinstance(written, dict):
+            raise ValueError(f"data.root: {manifest} is not resize_dataset.py's manifest (a JSON object); rerun it")
         if written.get("complete") is not True:
             raise ValueError(
                 f"data.root: {root} is an unfinished copy by resize_dataset.py ({manifest}: complete is not true); "
-                f"run python resize_dataset.py SOURCE {root} --short-side {written.get('short_side', 'N')} again to "
-                "finish it (it resumes)"
+                f"run python resize_dataset.py SOURCE {root} --short-side {written.get('short_side', 'N')} "
+                f"--quality {written.get('quality', 'Q')} again to finish it (it resumes)"
             )
     classes = {}
     for split in ("train", "val"):

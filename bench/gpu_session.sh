@@ -56,8 +56,8 @@ jpegs() {
 table() { grep -v "^app\|^raw" "$1"; }
 # The folder's copy at short side $1 (resize_dataset.py resumes an interrupted copy and refuses other options).
 resized() {
-  python3 resize_dataset.py "$data" "${data}_$1" --short-side "$1" --workers "$(nproc)" > "$out/resize_$1.txt" 2>&1
-  grep "files in" "$out/resize_$1.txt"
+  python3 resize_dataset.py "$data" "${data}_$1" --short-side "$1" --workers "$(nproc)" > "$out/resize_$1.txt" 2>&1 \
+    && grep "files in" "$out/resize_$1.txt" || { tail -3 "$out/resize_$1.txt"; return 1; }
 }
 for stage in "$@"; do
   echo "=== $stage (t=${SECONDS}s)"
@@ -94,7 +94,7 @@ for stage in "$@"; do
   resized-*)
     jpegs; p=${stage#*-}; cores=${CORES:-16}; side=${SIDE:-256}; flags=(); suffix=""
     [ -n "${COMPILE:-}" ] && flags=(--compile) && suffix=":$COMPILE"
-    resized "$side"
+    resized "$side" || continue
     variants=${VARIANTS:-app_synthetic,app_folder,app_folder_gpu@0.85}
     [ -n "$suffix" ] && variants=$(echo "$variants" | sed "s/\(,\|$\)/$suffix\1/g")
     for folder in "$data" "${data}_$side"; do
@@ -120,7 +120,7 @@ for stage in "$@"; do
   report|report2|report-synthetic|report2-synthetic)
     n=1; [ "${stage%-synthetic}" = report2 ] && n=2
     if [ "${stage#*-}" = synthetic ]; then input=(--config configs/resnet50_synthetic.yaml)
-    else jpegs; root=$data; if [ -n "${SIDE:-}" ]; then resized "$SIDE"; root=${data}_$SIDE; fi
+    else jpegs; root=$data; if [ -n "${SIDE:-}" ]; then resized "$SIDE" || continue; root=${data}_$SIDE; fi
       input=(--config configs/resnet50_imagenet.yaml --data.root "$root" --data.workers $(($(nproc) / n))
       --data.decode "${DECODE:-gpu}" --data.cpu_decode_share "${SHARE:-0}"); fi
     [ -n "${COMPILE:-}" ] && input+=(--model.compile "$COMPILE")

@@ -401,6 +401,9 @@ def test_a_resize_manifest_that_cannot_be_read_is_refused(tmp_path: Path) -> Non
     (root / "resize_dataset.json").write_text('{"short_side": 256, "quali')  # cut off mid-write by hand
     with pytest.raises(ValueError, match=re.escape(f"data.root: {root / 'resize_dataset.json'} cannot be read")):
         check_layout(root)
+    (root / "resize_dataset.json").write_text("[256, 90]")  # valid JSON, but not the tool's manifest
+    with pytest.raises(ValueError, match=re.escape("resize_dataset.json is not resize_dataset.py's manifest")):
+        check_layout(root)
 
 
 def test_differing_class_sets(tmp_path: Path) -> None:
