@@ -180,6 +180,21 @@ class _ImageFolder(datasets.ImageFolder):
 RESIZE_MANIFEST = "resize_dataset.json"
 
 
+def read_resize_manifest(path: Path) -> dict:
+    """The manifest resize_dataset.py wrote at ``path``: a JSON object.
+
+    Raises:
+        ValueError: ``path`` cannot be read, is not JSON, or holds JSON other than an object; the message names it.
+    """
+    try:
+        written = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path} cannot be read ({error})") from None
+    if not isinstance(written, dict):
+        raise ValueError(f"{path} is not resize_dataset.py's manifest (a JSON object)")
+    return written
+
+
 def check_layout(root: str | os.PathLike) -> list[str]:
     """Checks ``root/train/<class>/`` and ``root/val/<class>/`` and returns the sorted class names.
 
@@ -197,11 +212,9 @@ def check_layout(root: str | os.PathLike) -> list[str]:
     manifest = root / RESIZE_MANIFEST
     if manifest.is_file():
         try:
-            written = json.loads(manifest.read_text())
-        except (OSError, ValueError) as error:
-            raise ValueError(f"data.root: {manifest} cannot be read ({error}); rerun resize_dataset.py") from None
-        if not isinstance(written, dict):
-            raise ValueError(f"data.root: {manifest} is not resize_dataset.py's manifest (a JSON object); rerun it")
+            written = read_resize_manifest(manifest)
+        except ValueError as error:
+            raise ValueError(f"data.root: {error}; rerun resize_dataset.py") from None
         if written.get("complete") is not True:
             raise ValueError(
                 f"data.root: {root} is an unfinished copy by resize_dataset.py ({manifest}: complete is not true); "

@@ -145,7 +145,9 @@ class ImageNetClassifier(pl.LightningModule):
         channels_last: Run the model in channels_last memory format (tensor cores want NHWC).
         compile: ``torch.compile`` the model with this mode (``default``, ``reduce-overhead``, ``max-autotune``,
             ``max-autotune-no-cudagraphs``), or ``null`` for eager. Shapes are static: each batch shape (training,
-            validation, a short last batch) gets its own graph.
+            validation, a short last batch) gets its own graph. ``reduce-overhead`` is the recipe the configs recommend;
+            ``max-autotune`` trained ResNet-50 about 5% faster on an H200 (two calls, not side by side) but
+            compiled for about seven minutes.
         fused_sgd: The SGD kernel. ``true``: torch's fused SGD, one kernel for the whole update; under ``16-mixed``
             it also takes GradScaler's overflow check: a step with inf/NaN gradients is skipped on the GPU, so no
             step waits for the host to read the check back (the unfused optimizer syncs once per step for it).

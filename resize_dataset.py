@@ -51,7 +51,7 @@ from pathlib import Path
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
-from datamodule import RESIZE_MANIFEST, class_folders
+from datamodule import RESIZE_MANIFEST, class_folders, read_resize_manifest
 from image_loading import MAX_PIXELS, BadImageError, load_rgb
 
 # The training loader raises PIL's process-wide limit to its own before opening a file; the header read here comes
@@ -141,7 +141,11 @@ def check_paths(src: Path, dst: Path, options: dict) -> dict | None:
         raise SystemExit(f"resize_dataset: destination {dst} is a file; give a folder (new, or an earlier copy)")
     manifest = dst / MANIFEST
     if manifest.is_file():
-        written = json.loads(manifest.read_text())
+        try:
+            written = read_resize_manifest(manifest)
+        except ValueError as error:
+            # Written atomically by this tool, so it was not left so by an interrupted run.
+            raise SystemExit(f"resize_dataset: {error}: use another destination, or remove {dst}") from None
         earlier = {k: written.get(k) for k in options}
         if earlier != options:
             raise SystemExit(

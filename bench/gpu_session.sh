@@ -19,8 +19,9 @@
 #            bench/pil_decode_rate.py on both folders (PIL per core)
 # autotune-P: the app on synthetic data compiled with max-autotune under nsys for DURATION s (default 300; nsys then
 #            stops the run; STAGE_TIMEOUT default 360 here), stacks of every thread at STACKS_AFTER_S (default 280),
-#            then the kernels and CUDA API calls that took the time (what the stall after step 100 of the ninth
-#            session waited on); text only comes back
+#            GPU utilization every 2 s, then bench/kernel_timeline.py: kernels, GPU busy time and API calls per 20 s,
+#            the longest kernels, each thread's last API calls; text only comes back. Under nsys the compile is
+#            slower: the eleventh session's run was still autotuning the forward graph at 280 s
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 #            (DECODE sets data.decode, default gpu; SIDE=N reads the folder's resize_dataset.py copy at short side N;
 #            COMPILE=MODE sets model.compile)
@@ -35,7 +36,7 @@
 #            workers) of every rank
 # VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
 # under compile-P an app row may name its torch.compile mode, e.g. app_synthetic:reduce-overhead (STACKS_AFTER_S:
-# each variant's own limit, default 240 s compiled; max-autotune once stopped making progress after step 100);
+# each variant's own limit, default 240 s compiled; max-autotune's compile alone took 400-450 s on an H200);
 # LAUNCHER=lightning runs the ddp stage's app rows under Lightning's own launcher instead of torchrun.
 # The JPEG folder holds at least 40,000 training images: the 20 + 50 steps of batch 256 stay inside each GPU's first
 # epoch (bench/throughput.py refuses a folder where they would not; with 30,000, 2 GPUs crossed an epoch's end).
@@ -106,17 +107,20 @@ for stage in "$@"; do
     timeout "$limit" python3 bench/pil_decode_rate.py --data "$data" "${data}_$side" --images 400 \
       | tee "$out/pil_decode_rate.txt" ;;
   autotune-*)
-    p=${stage#*-}
+    # GPU utilization every 2 s beside the run, and every kernel inside the CUDA graphs: whether a stall is a slow
+    # kernel (busy GPU, few kernels) or the host waiting on something else (idle GPU).
+    p=${stage#*-}; nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw --format=csv -l 2 \
+      > "$out/autotune_smi.csv" & smi=$!
     BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-280} timeout "${STAGE_TIMEOUT:-360}" nsys profile -s none -t cuda,nvtx \
-      --force-overwrite true --duration "${DURATION:-300}" -o /tmp/autotune python3 bench/throughput.py \
-      --arch resnet50 --precision "$p" --channels-last --compile --workers 0 \
+      --cuda-graph-trace=node --force-overwrite true --duration "${DURATION:-300}" -o /tmp/autotune \
+      python3 bench/throughput.py --arch resnet50 --precision "$p" --channels-last --compile --workers 0 \
       --variants "${VARIANTS:-app_synthetic:max-autotune}" > "$out/autotune.txt" 2>&1
-    grep -E "x1:|Epoch:|AUTOTUNE|Timeout|failed" "$out/autotune.txt" | cut -c1-200 | tail -12
-    for report in cuda_gpu_kern_sum cuda_api_sum; do
-      nsys stats --report "$report" --format csv /tmp/autotune.nsys-rep 2>/dev/null | head -15 \
-        > "$out/autotune_$report.csv"
-      cut -c1-160 "$out/autotune_$report.csv" | head -8
-    done ;;
+    kill "$smi"
+    grep -E "x1:|Epoch:|AUTOTUNE|Timeout|failed|Recompil|cudagraph" "$out/autotune.txt" | cut -c1-200 | tail -15
+    awk -F', ' 'NR > 1 {print $2}' "$out/autotune_smi.csv" | sort | uniq -c | sort -rn | head -5
+    nsys export --type sqlite --force-overwrite true -o /tmp/autotune.sqlite /tmp/autotune.nsys-rep >/dev/null \
+      && python3 bench/kernel_timeline.py /tmp/autotune.sqlite --bin 20 | tee "$out/autotune_timeline.md" \
+      | cut -c1-160 ;;
   report|report2|report-synthetic|report2-synthetic)
     n=1; [ "${stage%-synthetic}" = report2 ] && n=2
     if [ "${stage#*-}" = synthetic ]; then input=(--config configs/resnet50_synthetic.yaml)

@@ -43,9 +43,11 @@ Variants:
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 The warm-up (default 20 steps eager, 60 compiled) is the same for every variant of a run whatever its compile mode,
 so that the rows compare alike. Compilation happens in the warm-up and is not timed. max-autotune benchmarks kernel
-choices while it compiles; on an H200 (bench/RESULTS.md, ninth session) its variant trained past step 100 and then
-made no progress until its limit: allow for that in the time limits around the run (``BENCH_STACKS_AFTER_S`` applies
-to each variant's process and prints its threads' stacks; bench/gpu_session.sh's STAGE_TIMEOUT to the whole run).
+choices while it compiles: on an H200 ResNet-50's variant took 405 s from start to the end of its 110 steps, and more
+than 450 s in another call (bench/RESULTS.md, eleventh session). Allow for that in the time limits around the run
+(``BENCH_STACKS_AFTER_S`` applies to each variant's process and prints its threads' stacks; bench/gpu_session.sh's
+STAGE_TIMEOUT to the whole run).
+``BENCH_STACKS_EVERY_S`` instead prints them at every such interval and does not exit: to follow a long compile.
 Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
 launcher (``--launcher lightning``: it re-executes this script per rank) or under torchrun. Images/s count all GPUs;
 "scaling" is img/s on N GPUs / (N x img/s of the same variant on 1 GPU).
@@ -329,7 +331,12 @@ def check_epoch_room(data: str, gpus: int, batch: int, warmup: int, steps: int) 
 
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
-    if a.child and os.environ.get("BENCH_STACKS_AFTER_S"):
+    if a.child and os.environ.get("BENCH_STACKS_EVERY_S"):
+        import faulthandler
+
+        # Where a slow variant spends its time (a long compile, a stall): every thread's stack at each interval.
+        faulthandler.dump_traceback_later(float(os.environ["BENCH_STACKS_EVERY_S"]), repeat=True)
+    elif a.child and os.environ.get("BENCH_STACKS_AFTER_S"):
         import faulthandler
 
         # A variant that hangs prints every thread's stack and exits, instead of eating the whole device call.
@@ -376,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
             proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "BENCH_GPUS": str(gpus)})
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode != 0 or not lines:
-                print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+                print(proc.stdout[-3000:], proc.stderr[-8000:], file=sys.stderr)  # stderr: every thread's stack
                 sys.exit(f"variant {variant} on {gpus} GPU(s) failed with exit code {proc.returncode}")
             rows[variant, gpus] = json.loads(lines[-1][len("RESULT ") :])
             print(f"{variant} x{gpus}: {rows[variant, gpus]}", flush=True)

@@ -147,6 +147,13 @@ def test_a_destination_written_with_other_options_or_by_something_else_is_refuse
     (tmp_path / "file").write_text("")
     with pytest.raises(SystemExit, match="destination .*file is a file"):
         resize_dataset.main([str(src), str(tmp_path / "file"), "--workers", "1"])
+    # A manifest that is not this tool's (cut off by hand, or other JSON): refused with its name, nothing written.
+    for text, reason in (('{"short_side": 256, "quali', "cannot be read"), ("[256, 90]", "is not resize_dataset")):
+        (dst / resize_dataset.MANIFEST).write_text(text)
+        before = {p: p.stat().st_mtime_ns for p in dst.rglob("*")}
+        with pytest.raises(SystemExit, match=re.escape(f"{dst / resize_dataset.MANIFEST} {reason}")):
+            resize_dataset.main([str(src), str(dst), "--short-side", "256", "--workers", "1"])
+        assert {p: p.stat().st_mtime_ns for p in dst.rglob("*")} == before
 
 
 def test_a_second_run_into_the_same_destination_at_once_is_refused(tmp_path: Path) -> None:
