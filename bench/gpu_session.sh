@@ -20,8 +20,9 @@
 # autotune-P: the app on synthetic data compiled with max-autotune under nsys for DURATION s (default 300; nsys then
 #            stops the run; STAGE_TIMEOUT default 360 here), stacks of every thread at STACKS_AFTER_S (default 280),
 #            GPU utilization every 2 s, then bench/kernel_timeline.py: kernels, GPU busy time and API calls per 20 s,
-#            the longest kernels, each thread's last API calls; text only comes back. Under nsys the compile is
-#            slower: the eleventh session's run was still autotuning the forward graph at 280 s
+#            the longest kernels, each thread's last API calls; text only comes back. ResNet-50's compile alone took
+#            400-450 s (eleventh session): the defaults stop the run inside it; to reach the training steps give
+#            DURATION=520 STACKS_AFTER_S=510 STAGE_TIMEOUT=560
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 #            (DECODE sets data.decode, default gpu; SIDE=N reads the folder's resize_dataset.py copy at short side N;
 #            COMPILE=MODE sets model.compile)
