@@ -20,9 +20,9 @@
 # autotune-P: the app on synthetic data compiled with max-autotune under nsys for DURATION s (default 300; nsys then
 #            stops the run; STAGE_TIMEOUT default 360 here), stacks of every thread at STACKS_AFTER_S (default 280),
 #            GPU utilization every 2 s, then bench/kernel_timeline.py: kernels, GPU busy time and API calls per 20 s,
-#            the longest kernels, each thread's last API calls; text only comes back. ResNet-50's compile alone took
-#            400-450 s (eleventh session): the defaults stop the run inside it; to reach the training steps give
-#            DURATION=520 STACKS_AFTER_S=510 STAGE_TIMEOUT=560
+#            the longest kernels, each thread's last API calls; text only comes back. ResNet-50's compile took about
+#            400 s without nsys (eleventh session), and the defaults stop the run inside it; reaching the training
+#            steps under nsys needs DURATION, STACKS_AFTER_S and STAGE_TIMEOUT well above that (not tried)
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 #            (DECODE sets data.decode, default gpu; SIDE=N reads the folder's resize_dataset.py copy at short side N;
 #            COMPILE=MODE sets model.compile)
@@ -37,7 +37,7 @@
 #            workers) of every rank
 # VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
 # under compile-P an app row may name its torch.compile mode, e.g. app_synthetic:reduce-overhead (STACKS_AFTER_S:
-# each variant's own limit, default 240 s compiled; max-autotune's compile alone took 400-450 s on an H200);
+# each variant's own limit, default 240 s compiled; max-autotune's compile took about 400 s on an H200);
 # LAUNCHER=lightning runs the ddp stage's app rows under Lightning's own launcher instead of torchrun.
 # The JPEG folder holds at least 40,000 training images: the 20 + 50 steps of batch 256 stay inside each GPU's first
 # epoch (bench/throughput.py refuses a folder where they would not; with 30,000, 2 GPUs crossed an epoch's end).

@@ -43,10 +43,10 @@ Variants:
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 The warm-up (default 20 steps eager, 60 compiled) is the same for every variant of a run whatever its compile mode,
 so that the rows compare alike. Compilation happens in the warm-up and is not timed. max-autotune benchmarks kernel
-choices while it compiles: on an H200 ResNet-50's variant took 405 s from start to the end of its 110 steps, and more
-than 450 s in another call (bench/RESULTS.md, eleventh session). Allow for that in the time limits around the run
-(``BENCH_STACKS_AFTER_S`` applies to each variant's process and prints its threads' stacks; bench/gpu_session.sh's
-STAGE_TIMEOUT to the whole run).
+choices while it compiles: on an H200 ResNet-50's variant took 405 s from the start of ``trainer.fit`` to the end of
+its 110 steps, and in another call it did not finish in the roughly 440 s left (bench/RESULTS.md, eleventh
+session). Allow for that in the time limits around the run (``BENCH_STACKS_AFTER_S`` applies to each variant's
+process and prints its threads' stacks; bench/gpu_session.sh's STAGE_TIMEOUT to the whole run).
 ``BENCH_STACKS_EVERY_S`` instead prints them at every such interval and does not exit: to follow a long compile.
 Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
 launcher (``--launcher lightning``: it re-executes this script per rank) or under torchrun. Images/s count all GPUs;
