@@ -331,16 +331,13 @@ def check_epoch_room(data: str, gpus: int, batch: int, warmup: int, steps: int) 
 
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
-    if a.child and os.environ.get("BENCH_STACKS_EVERY_S"):
+    every, after = os.environ.get("BENCH_STACKS_EVERY_S"), os.environ.get("BENCH_STACKS_AFTER_S")
+    if a.child and (every or after):
         import faulthandler
 
-        # Where a slow variant spends its time (a long compile, a stall): every thread's stack at each interval.
-        faulthandler.dump_traceback_later(float(os.environ["BENCH_STACKS_EVERY_S"]), repeat=True)
-    elif a.child and os.environ.get("BENCH_STACKS_AFTER_S"):
-        import faulthandler
-
-        # A variant that hangs prints every thread's stack and exits, instead of eating the whole device call.
-        faulthandler.dump_traceback_later(float(os.environ["BENCH_STACKS_AFTER_S"]), exit=True)
+        # Every thread's stack: at each interval, to see where a slow variant spends its time (a long compile), or
+        # once, and then exit, so that a variant that hangs does not eat the whole device call.
+        faulthandler.dump_traceback_later(float(every or after), repeat=bool(every), exit=not every)
     if a.child:
         result = run_raw(a) if a.child == "raw" else run_app(a, a.child)
         if result:
