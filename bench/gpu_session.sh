@@ -15,7 +15,8 @@
 #            (data.cpu_decode_share: each of SHARES, space-separated, default "0.6 0.7 0.8")
 # resized-P: the split-P run (VARIANTS default app_synthetic,app_folder,app_folder_gpu@0.85) on the JPEG folder and
 #            on its copy by resize_dataset.py at short side SIDE (default 256), one after the other, each with its own
-#            synthetic row; COMPILE=MODE compiles every app row with that torch.compile mode; then
+#            synthetic row; COMPILE=MODE compiles every app row with that torch.compile mode (MODE:tuned: and
+#            model.compile_tuning, as everywhere COMPILE is read); then
 #            bench/pil_decode_rate.py on both folders (PIL per core)
 # autotune-P: the app on synthetic data compiled with max-autotune under nsys for DURATION s (default 300; nsys then
 #            stops the run; STAGE_TIMEOUT default 360 here), stacks of every thread at STACKS_AFTER_S (default 280),
@@ -25,7 +26,7 @@
 #            steps under nsys needs DURATION, STACKS_AFTER_S and STAGE_TIMEOUT well above that (not tried)
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 #            (DECODE sets data.decode, default gpu; SIDE=N reads the folder's resize_dataset.py copy at short side N;
-#            COMPILE=MODE sets model.compile)
+#            COMPILE=MODE sets model.compile; MODE:tuned also model.compile_tuning)
 # report2  : the same on 2 GPUs (DDP): one report with both ranks; SHARE sets data.cpu_decode_share of both (default 0)
 # report-synthetic, report2-synthetic: the same on synthetic data, the reference for the phases' GPU times (what the
 #            input path and DDP's all-reduce add to forward and backward); PRECISION sets trainer.precision of all
@@ -128,7 +129,8 @@ for stage in "$@"; do
     else jpegs; root=$data; if [ -n "${SIDE:-}" ]; then resized "$SIDE" || continue; root=${data}_$SIDE; fi
       input=(--config configs/resnet50_imagenet.yaml --data.root "$root" --data.workers $(($(nproc) / n))
       --data.decode "${DECODE:-gpu}" --data.cpu_decode_share "${SHARE:-0}"); fi
-    [ -n "${COMPILE:-}" ] && input+=(--model.compile "$COMPILE")
+    [ -n "${COMPILE:-}" ] && input+=(--model.compile "${COMPILE%:tuned}")
+    [ "${COMPILE:-}" != "${COMPILE%:tuned}" ] && input+=(--model.compile_tuning true)
     timeout "$limit" python3 train.py "${input[@]}" --data.batch_size 256 --trainer.devices "$n" \
       --trainer.precision "${PRECISION:-bf16-mixed}" --trainer.max_steps 40 --trainer.enable_progress_bar false \
       --trainer.default_root_dir "/tmp/${stage}_run" --trainer.logger.init_args.save_dir "/tmp/${stage}_run" \

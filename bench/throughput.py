@@ -36,17 +36,21 @@ Variants:
                    model.compile); without one an app variant under --compile uses default. The plain loop always
                    compiles with the default mode: raw takes no suffix. e.g. app_synthetic:reduce-overhead next to
                    app_synthetic; a folder row is compared with the app_synthetic row of its own mode if listed
+    APP_VARIANT:MODE:tuned  the same with model.compile_tuning (inductor's coordinate-descent tuning of each Triton
+                   kernel at its first run), e.g. app_synthetic:reduce-overhead:tuned next to
+                   app_synthetic:reduce-overhead
 
-    Order: NAME[@SHARE][:MODE][+OPTION...], e.g. app_folder_gpu@0.85:reduce-overhead+bucket_view. The full string
-    names the row in the table.
+    Order: NAME[@SHARE][:MODE[:tuned]][+OPTION...], e.g. app_folder_gpu@0.85:reduce-overhead+bucket_view. The full
+    string names the row in the table.
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 The warm-up (default 20 steps eager, 60 compiled) is the same for every variant of a run whatever its compile mode,
 so that the rows compare alike. Compilation happens in the warm-up and is not timed. max-autotune benchmarks kernel
 choices while it compiles: on an H200 ResNet-50's variant took 405 s from the start of ``trainer.fit`` to the end of
 its 110 steps, and in another call it did not finish in the roughly 440 s left (bench/RESULTS.md, eleventh
-session). Allow for that in the time limits around the run (``BENCH_STACKS_AFTER_S`` applies to each variant's
-process and prints its threads' stacks; bench/gpu_session.sh's STAGE_TIMEOUT to the whole run).
+session); ``reduce-overhead:tuned`` took 212-258 s, ``reduce-overhead`` 58-77 s (twelfth session). Allow for that
+in the time limits around the run (``BENCH_STACKS_AFTER_S`` applies to each variant's process and prints its
+threads' stacks; bench/gpu_session.sh's STAGE_TIMEOUT to the whole run).
 ``BENCH_STACKS_EVERY_S`` instead prints them at every such interval and does not exit: to follow a long compile.
 Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
 launcher (``--launcher lightning``: it re-executes this script per rank) or under torchrun. Images/s count all GPUs;
@@ -112,14 +116,19 @@ def ddp_options(variant: str) -> tuple[str, dict]:
 def compile_mode(variant: str) -> tuple[str, str | None]:
     """``app_folder_gpu@0.85:reduce-overhead+bucket_view`` -> ``("app_folder_gpu@0.85+bucket_view",
     "reduce-overhead")``: the variant without its torch.compile mode, and the mode (None without a ``:MODE``
-    suffix). Only app variants take one, and only one of ``COMPILE_MODES``."""
+    suffix), with ``:tuned`` if it has one. Only app variants take one, and only one of ``COMPILE_MODES``."""
     head, plus, options = variant.partition("+")
     name, colon, mode = head.partition(":")
     if not colon:
         return variant, None
-    if mode not in COMPILE_MODES:
-        hint = " (order: NAME[@SHARE][:MODE][+OPTION...])" if "@" in mode else ""
-        raise ValueError(f"variant {variant!r}: unknown compile mode {mode!r}; valid: {', '.join(COMPILE_MODES)}{hint}")
+    base, tuned_colon, tuned = mode.partition(":")
+    if base not in COMPILE_MODES:
+        hint = " (order: NAME[@SHARE][:MODE[:tuned]][+OPTION...])" if "@" in mode else ""
+        raise ValueError(f"variant {variant!r}: unknown compile mode {base!r}; valid: {', '.join(COMPILE_MODES)}{hint}")
+    if tuned_colon and tuned != "tuned":
+        raise ValueError(
+            f"variant {variant!r}: after the compile mode only ':tuned' (model.compile_tuning), not {tuned!r}"
+        )
     if not name.startswith("app_"):
         raise ValueError(
             f"variant {variant!r}: only app variants take a compile mode; the plain loop always compiles with "
@@ -201,7 +210,7 @@ def run_raw(a: argparse.Namespace) -> dict:
 
 
 def app_compile_mode(variant: str, compiled: bool) -> str | None:
-    """The ``compile`` argument of ImageNetClassifier for app variant ``variant``: its ``:MODE``, else "default"
+    """How app variant ``variant`` compiles: its ``:MODE`` (``MODE:tuned`` with model.compile_tuning), else "default"
     under ``--compile``, else None (eager). A mode without ``--compile`` is refused."""
     mode = compile_mode(variant)[1]
     if mode and not compiled:
@@ -227,6 +236,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
     name, cpu_share = split_variant(variant)
     ddp_kwargs = ddp_options(variant)[1]
     mode = app_compile_mode(variant, a.compile)
+    compile_as, _, tuned = (mode or "").partition(":")
     folder = name.startswith("app_folder")
     if name.endswith("_pageable"):
         import gpu_decode
@@ -253,7 +263,8 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         num_classes=data.num_classes,
         batch_size=a.batch,
         channels_last=a.channels_last,
-        compile=mode,
+        compile=compile_as or None,
+        compile_tuning=bool(tuned),
         fused_sgd=False if name.endswith("_foreach") else None,
     )
     timer = StepClock(a.warmup, a.warmup + a.steps)

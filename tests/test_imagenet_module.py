@@ -345,6 +345,7 @@ def test_weights_of_another_arch_are_refused(resnet18_weights: tuple[Path, dict]
         ({"lr_milestones": [0, 30]}, "model.lr_milestones must be increasing"),
         ({"label_smoothing": 1.0}, r"model.label_smoothing must be in \[0, 1\)"),
         ({"batch_size": 0}, "model.batch_size must be >= 1"),
+        ({"compile_tuning": True}, r"model.compile_tuning .*set model.compile \(default, reduce-overhead"),
     ],
 )
 def test_invalid_arguments(kwargs: dict, message: str) -> None:
@@ -488,6 +489,38 @@ def test_compiled_training_graph_keeps_static_shapes_after_a_short_validation_ba
         torch._dynamo.reset()  # the recording backend's graphs stay out of the other tests' caches
     assert [(grad, batches) for grad, _, batches in graphs] == [(False, [32]), (False, [28]), (True, [32])]
     assert [symbolic for _, symbolic, _ in graphs] == [0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    ("mode", "mode_options"),
+    [("reduce-overhead", {"triton.cudagraphs": True}), ("default", {}), ("max-autotune", None)],
+)
+def test_compile_tuning_adds_coordinate_descent_to_the_mode_for_this_model_only(
+    mode: str, mode_options: dict | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``model.compile_tuning``: torch.compile gets the mode's own options plus inductor's coordinate-descent tuning
+    (it refuses a mode and options together), and torch accepts them; the process-wide inductor config is left as it
+    was. Without it, the mode alone."""
+    calls: list[dict] = []
+    real_compile = torch.compile
+
+    def recording_compile(model: torch.nn.Module, **kwargs: object) -> object:
+        calls.append(kwargs)
+        return real_compile(model, **kwargs)  # torch validates the option names and types here
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    before = torch._inductor.config.coordinate_descent_tuning
+    for tuning in (True, False):
+        ImageNetClassifier(arch="resnet18", num_classes=10, compile=mode, compile_tuning=tuning).configure_model()
+    tuned, plain = calls
+    assert plain == {"mode": mode, "dynamic": False}
+    assert set(tuned) == {"options", "dynamic"} and tuned["dynamic"] is False
+    assert tuned["options"]["coordinate_descent_tuning"] is True
+    if mode_options is not None:
+        assert tuned["options"] == {**mode_options, "coordinate_descent_tuning": True}
+    else:  # max-autotune: its own options (template search, CUDA graphs) kept, tuning already among them
+        assert tuned["options"]["max_autotune"] is True and tuned["options"]["triton.cudagraphs"] is True
+    assert torch._inductor.config.coordinate_descent_tuning == before
 
 
 # --- the training metrics: known answers ---------------------------------------------------------------------------

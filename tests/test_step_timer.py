@@ -129,16 +129,20 @@ def test_events_give_known_phase_times_lag_busy_fraction_and_copy_overlap():
     assert (copies["count"], copies["pinned"], copies["pageable"]) == (2, 1, 1)
     assert summary["wall_ms"] == pytest.approx(12) and summary["window"] == [0, 1] and summary["device"] == "cuda:0"
     assert summary["input"] == "prefetcher" and summary["compile"] is None  # no model: no mode known
+    assert summary["compile_tuning"] is False
 
 
-@pytest.mark.parametrize("mode", [None, "default", "reduce-overhead"])
-def test_the_summary_names_the_models_compile_mode(mode) -> None:
+@pytest.mark.parametrize(
+    ("mode", "tuning"), [(None, False), ("default", False), ("reduce-overhead", False), ("reduce-overhead", True)]
+)
+def test_the_summary_names_the_models_compile_mode_and_tuning(mode, tuning) -> None:
     timer = StepTimer()
     trainer = fake_trainer("cpu")
-    trainer.lightning_module = SimpleNamespace(hparams={"compile": mode, "arch": "resnet50"})
+    trainer.lightning_module = SimpleNamespace(hparams={"compile": mode, "compile_tuning": tuning, "arch": "resnet50"})
     timer.start(trainer, (0, 1))
     run_step(timer, FakeDevice(), 0, [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4)])
-    assert timer.finish(trainer)["compile"] == mode
+    summary = timer.finish(trainer)
+    assert (summary["compile"], summary["compile_tuning"]) == (mode, tuning)
 
 
 @pytest.mark.parametrize("held_up", [False, True])

@@ -165,6 +165,7 @@ def test_compile_mode_suffixes_parse_with_share_and_ddp_options(throughput) -> N
     assert throughput.compile_mode("raw") == ("raw", None)
     for mode in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
         assert throughput.compile_mode(f"app_synthetic:{mode}") == ("app_synthetic", mode)
+        assert throughput.compile_mode(f"app_synthetic:{mode}:tuned") == ("app_synthetic", f"{mode}:tuned")
     # NAME[@SHARE][:MODE][+OPTION...]: each helper strips its own part and keeps the others.
     full = "app_folder_gpu@0.85:reduce-overhead+bucket_view+bucket_mb=50"
     assert throughput.compile_mode(full) == ("app_folder_gpu@0.85+bucket_view+bucket_mb=50", "reduce-overhead")
@@ -175,6 +176,9 @@ def test_compile_mode_suffixes_parse_with_share_and_ddp_options(throughput) -> N
     assert throughput.split_variant(full) == ("app_folder_gpu", 0.85)
     assert throughput.split_variant("app_folder_gpu_pageable@0.7:max-autotune") == ("app_folder_gpu_pageable", 0.7)
     assert throughput.split_variant("app_synthetic_foreach:max-autotune-no-cudagraphs") == ("app_synthetic_foreach", 0)
+    tuned = "app_folder_gpu@0.85:reduce-overhead:tuned+bucket_view"
+    assert throughput.compile_mode(tuned) == ("app_folder_gpu@0.85+bucket_view", "reduce-overhead:tuned")
+    assert throughput.split_variant(tuned) == ("app_folder_gpu", 0.85)
 
 
 def test_bad_compile_modes_and_a_mode_on_raw_are_refused(throughput) -> None:
@@ -182,8 +186,10 @@ def test_bad_compile_modes_and_a_mode_on_raw_are_refused(throughput) -> None:
     for bad, message in [
         ("app_synthetic:max_autotune", f"'app_synthetic:max_autotune': unknown compile mode 'max_autotune'; {valid}"),
         ("app_synthetic:", "unknown compile mode ''"),
-        ("app_synthetic:default:default", "unknown compile mode 'default:default'"),
-        ("app_folder_gpu:reduce-overhead@0.7", r"order: NAME\[@SHARE\]\[:MODE\]\[\+OPTION\.\.\.\]"),
+        ("app_synthetic:default:default", "after the compile mode only ':tuned' .*, not 'default'"),
+        ("app_synthetic:tuned", "unknown compile mode 'tuned'"),
+        ("app_synthetic:reduce-overhead:", "after the compile mode only ':tuned'"),
+        ("app_folder_gpu:reduce-overhead@0.7", r"order: NAME\[@SHARE\]\[:MODE\[:tuned\]\]\[\+OPTION\.\.\.\]"),
         ("raw:default", "variant 'raw:default': only app variants take a compile mode; the plain loop always"),
         ("app_sythetic:default", "unknown variant 'app_sythetic:default'"),
         ("app_synthetic+bucket_view:reduce-overhead", r"a :MODE suffix goes before the \+options"),
@@ -216,16 +222,17 @@ def test_a_compile_mode_needs_compile(throughput, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "variant", "compile_kwarg", "fused_sgd"),
+    ("argv", "variant", "compile_kwarg", "tuning", "fused_sgd"),
     [
-        (["--compile"], "app_synthetic:max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs", None),
-        (["--compile"], "app_synthetic_foreach:reduce-overhead+bucket_view", "reduce-overhead", False),
-        (["--compile"], "app_synthetic", "default", None),
-        ([], "app_synthetic", None, None),
+        (["--compile"], "app_synthetic:max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs", False, None),
+        (["--compile"], "app_synthetic_foreach:reduce-overhead+bucket_view", "reduce-overhead", False, False),
+        (["--compile"], "app_synthetic:reduce-overhead:tuned", "reduce-overhead", True, None),
+        (["--compile"], "app_synthetic", "default", False, None),
+        ([], "app_synthetic", None, False, None),
     ],
 )
 def test_the_app_is_built_with_the_variants_compile_mode_and_its_result_records_it(
-    throughput, monkeypatch, argv, variant, compile_kwarg, fused_sgd
+    throughput, monkeypatch, argv, variant, compile_kwarg, tuning, fused_sgd
 ) -> None:
     """run_app with the classifier and the Trainer replaced: what ImageNetClassifier gets, what the JSON says."""
     import pytorch_lightning as pl
@@ -257,8 +264,9 @@ def test_the_app_is_built_with_the_variants_compile_mode_and_its_result_records_
     result = throughput.run_app(a, variant)
     assert len(built) == 1
     assert built[0]["compile"] == compile_kwarg
+    assert built[0]["compile_tuning"] is tuning
     assert built[0]["fused_sgd"] is fused_sgd
-    assert result["compile"] == (compile_kwarg or False)
+    assert result["compile"] == (f"{compile_kwarg}:tuned" if tuning else compile_kwarg or False)
     assert bool(result["compile"]) is bool(argv)  # still reads as "compiled?"
     assert result["img_s"] == 40.0  # 10 steps x 8 images in 2 s
 
