@@ -93,7 +93,10 @@ def test_gaps_between_steps_of_several_ranks_are_listed_at_the_longest_rank():
 
 def test_report_of_a_hidden_prefetch_says_so_in_one_line():
     report = build_report([rank_summary()])
-    assert report["verdict"] == "prefetch hidden: 99.6% overlapped, pinned, data wait 0.1%"
+    assert report["verdict"] == (
+        "prefetch hidden: 99.6% overlapped, pinned, data wait 0.1%; GPU-bound: the GPU's work sets the pace; faster "
+        "kernels: model.compile reduce-overhead (and model.compile_tuning true for a long run)"
+    )
     assert report["findings"] == []
     o = report["overall"]
     assert o["images_per_s"] == 2560.0  # 4 x 256 images in 0.4 s
@@ -128,9 +131,8 @@ def test_with_the_gpu_decoding_an_input_stall_points_at_cpu_cores_not_at_the_gpu
         "training process: raise data.cpu_decode_share while CPU cores are free, or data.decode cpu with more "
         "data.workers or a pre-resized copy (resize_dataset.py)"
     ]
-    assert (
-        build_report([hidden])["verdict"]
-        == "prefetch hidden: 99.6% overlapped, JPEGs decoded on the GPU, data wait 0.1%"
+    assert build_report([hidden])["verdict"].startswith(
+        "prefetch hidden: 99.6% overlapped, JPEGs decoded on the GPU, data wait 0.1%; GPU-bound"
     )
     # The CPU path's stall keeps its own advice.
     stalled["input"] = "prefetcher"
@@ -162,6 +164,55 @@ def test_verdict_host_bound_from_an_exact_busy_fraction():
     assert line == "no host-to-device copies (data already on the device); data wait 0%" and findings == []
     _, line = verdict({"cuda": True, "copies": None, "data_pct_max": 0.0, "input": "other"})
     assert line.startswith("copies not measured (the loader is not a DevicePrefetcher: use profile.torch_profiler)")
+
+
+@pytest.mark.parametrize(
+    ("compile", "tuning", "lever"),
+    [
+        (None, False, "faster kernels: model.compile reduce-overhead (and model.compile_tuning true for a long run)"),
+        ("reduce-overhead", False, "for a long run, model.compile_tuning true (coordinate-descent tuning of the"),
+        ("reduce-overhead", True, "(the model is compiled and its kernels tuned)"),
+    ],
+)
+def test_a_gpu_bound_window_names_the_kernels_as_the_lever_by_how_the_model_is_compiled(compile, tuning, lever):
+    ranks = [rank_summary(rank=r) | {"compile": compile, "compile_tuning": tuning} for r in range(2)]
+    report = build_report(ranks)
+    assert report["findings"] == []  # not a problem: what sets the pace
+    assert report["verdict"].startswith("prefetch hidden: 99.6% overlapped, pinned, data wait 0.1%; GPU-bound: ")
+    assert lever in report["verdict"].split("; GPU-bound: ")[1]
+    # One rank untuned (or from a report that predates the field): the tuning is still the advice.
+    ranks[1].pop("compile_tuning")
+    if tuning:
+        assert "model.compile_tuning true" in build_report(ranks)["verdict"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"lag": 0.05},  # host-bound: the GPU waits for launches
+        {"data": 20.0},  # input-bound
+        {"gpu": False},  # a CPU run
+        {"lag": None},  # no GPU lag measured, busy from events (an upper bound): not enough to say
+        {"busy": 0.55, "source": "kineto"},  # the exact busy fraction says the GPU idles
+    ],
+)
+def test_no_gpu_bound_note_when_something_else_limits_the_step_or_it_is_unknown(kwargs):
+    kwargs = dict(kwargs)
+    source = kwargs.pop("source", None)
+    summary = rank_summary(**kwargs)
+    if source:
+        summary["gpu_busy_source"] = source
+    assert "GPU-bound" not in build_report([summary])["verdict"]
+
+
+def test_an_exact_busy_fraction_over_the_threshold_is_gpu_bound_and_a_straggler_is_named_instead():
+    summary = rank_summary(busy=0.95, lag=0.05)  # the lag alone would read host-bound; Kineto's busy decides
+    summary["gpu_busy_source"] = "kineto"
+    assert "; GPU-bound: " in build_report([summary])["verdict"]
+    ranks = [rank_summary(rank=r) for r in range(4)]
+    ranks[2] = rank_summary(rank=2, data=12.1)
+    line = build_report(ranks)["verdict"]
+    assert "straggler: rank 2" in line and "GPU-bound" not in line
 
 
 def test_a_slow_rank_is_flagged_with_the_phase_that_makes_it_slow():
@@ -288,9 +339,8 @@ def test_a_copy_that_holds_up_compute_is_judged_by_what_compute_waited():
     free = trace_summary.copy_stats(40, 10, 4, 0, 4, "events", waited_ms=0.5)
     report = build_report([rank_summary(copies=free)])
     assert free["hidden"] == 0.9875 and report["findings"] == []
-    assert (
-        report["verdict"]
-        == "prefetch hidden: 25.0% overlapped, compute waited 0.50 ms for input, pinned, data wait 0.1%"
+    assert report["verdict"].startswith(
+        "prefetch hidden: 25.0% overlapped, compute waited 0.50 ms for input, pinned, data wait 0.1%; GPU-bound"
     )
     # Over ranks the waits add up; a rank summary without one (an older report) judges the overlap alone.
     two = build_report([rank_summary(rank=0, copies=free), rank_summary(rank=1, copies=held)])["overall"]["copies"]
