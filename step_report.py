@@ -47,6 +47,8 @@ UNSYNCED = ("data", "optimizer", "other")
 STRAGGLER_PCT = 5.0  # a rank spending this share of a step more in UNSYNCED phases than the other ranks: straggler
 #: model.compile modes that capture the step in CUDA graphs (one launch a graph): the launch-overhead remedy is on.
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+#: model.compile modes whose options include inductor's coordinate-descent tuning (what model.compile_tuning adds).
+TUNED_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 
 
 # --- rank summaries -> report ----------------------------------------------------------------------------------
@@ -160,7 +162,7 @@ def build_report(summaries: Sequence[dict]) -> dict:
         "input": "/".join(sorted({r.get("input") or "unknown" for r in ranks})),
         "cuda_graphs": bool(ranks) and all(r.get("compile") in CUDA_GRAPH_MODES for r in ranks),
         "compiled": bool(ranks) and all(r.get("compile") for r in ranks),
-        "compile_tuned": bool(ranks) and all(r.get("compile_tuning") for r in ranks),
+        "compile_tuned": bool(ranks) and all(r.get("compile_tuning") or r.get("compile") in TUNED_MODES for r in ranks),
         "copies": overall_copies,
         "between_steps": between_steps(ranks),
     }
@@ -261,7 +263,7 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
         gpu_bound = busy is not None and busy >= BUSY_OK
     else:
         gpu_bound = lag is not None and bool(step) and lag >= LAG_HOST_BOUND * step
-    gpu_bound = gpu_bound and input_ok and not findings and not slow and bool(overall.get("cuda"))
+    gpu_bound = gpu_bound and not findings and not slow and bool(overall.get("cuda"))
     for s in slow:
         findings.append(
             f"straggler: rank {s['rank']} spends {s['excess_ms']:.2f} ms ({s['excess_pct']}% of a step) longer "

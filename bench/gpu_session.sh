@@ -130,7 +130,7 @@ for stage in "$@"; do
       input=(--config configs/resnet50_imagenet.yaml --data.root "$root" --data.workers $(($(nproc) / n))
       --data.decode "${DECODE:-gpu}" --data.cpu_decode_share "${SHARE:-0}"); fi
     [ -n "${COMPILE:-}" ] && input+=(--model.compile "${COMPILE%:tuned}")
-    [ "${COMPILE:-}" != "${COMPILE%:tuned}" ] && input+=(--model.compile_tuning true)
+    [[ ${COMPILE:-} == *:tuned ]] && input+=(--model.compile_tuning true)
     timeout "$limit" python3 train.py "${input[@]}" --data.batch_size 256 --trainer.devices "$n" \
       --trainer.precision "${PRECISION:-bf16-mixed}" --trainer.max_steps 40 --trainer.enable_progress_bar false \
       --trainer.default_root_dir "/tmp/${stage}_run" --trainer.logger.init_args.save_dir "/tmp/${stage}_run" \

@@ -126,8 +126,9 @@ def compile_mode(variant: str) -> tuple[str, str | None]:
         hint = " (order: NAME[@SHARE][:MODE[:tuned]][+OPTION...])" if "@" in mode else ""
         raise ValueError(f"variant {variant!r}: unknown compile mode {base!r}; valid: {', '.join(COMPILE_MODES)}{hint}")
     if tuned_colon and tuned != "tuned":
+        hint = " (order: NAME[@SHARE][:MODE[:tuned]][+OPTION...])" if "@" in tuned else ""
         raise ValueError(
-            f"variant {variant!r}: after the compile mode only ':tuned' (model.compile_tuning), not {tuned!r}"
+            f"variant {variant!r}: after the compile mode only ':tuned' (model.compile_tuning), not {tuned!r}{hint}"
         )
     if not name.startswith("app_"):
         raise ValueError(

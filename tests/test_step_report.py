@@ -172,6 +172,9 @@ def test_verdict_host_bound_from_an_exact_busy_fraction():
         (None, False, "faster kernels: model.compile reduce-overhead (and model.compile_tuning true for a long run)"),
         ("reduce-overhead", False, "for a long run, model.compile_tuning true (coordinate-descent tuning of the"),
         ("reduce-overhead", True, "(the model is compiled and its kernels tuned)"),
+        ("max-autotune", False, "(the model is compiled and its kernels tuned)"),  # the mode includes the tuning
+        ("max-autotune-no-cudagraphs", False, "(the model is compiled and its kernels tuned)"),
+        ("default", False, "for a long run, model.compile_tuning true"),
     ],
 )
 def test_a_gpu_bound_window_names_the_kernels_as_the_lever_by_how_the_model_is_compiled(compile, tuning, lever):
@@ -184,6 +187,15 @@ def test_a_gpu_bound_window_names_the_kernels_as_the_lever_by_how_the_model_is_c
     ranks[1].pop("compile_tuning")
     if tuning:
         assert "model.compile_tuning true" in build_report(ranks)["verdict"]
+
+
+@pytest.mark.parametrize(("lag", "gpu_bound"), [(10.0, True), (9.99, False)])
+def test_the_gpu_bound_threshold_from_events_is_a_tenth_of_the_step(lag, gpu_bound):
+    """From events: the GPU's median lag behind the host at a step's end against a tenth of the median GPU step
+    (100 ms here). Below it the window is host-bound instead."""
+    line = build_report([rank_summary(lag=lag)])["verdict"]
+    assert ("; GPU-bound: " in line) is gpu_bound
+    assert ("host-bound" in line) is not gpu_bound
 
 
 @pytest.mark.parametrize(
@@ -205,10 +217,16 @@ def test_no_gpu_bound_note_when_something_else_limits_the_step_or_it_is_unknown(
     assert "GPU-bound" not in build_report([summary])["verdict"]
 
 
-def test_an_exact_busy_fraction_over_the_threshold_is_gpu_bound_and_a_straggler_is_named_instead():
-    summary = rank_summary(busy=0.95, lag=0.05)  # the lag alone would read host-bound; Kineto's busy decides
+@pytest.mark.parametrize(("busy", "gpu_bound"), [(0.9, True), (0.95, True), (0.899, False)])
+def test_an_exact_busy_fraction_decides_gpu_bound_over_the_lag(busy, gpu_bound):
+    summary = rank_summary(busy=busy, lag=0.05)  # the lag alone would read host-bound; Kineto's busy decides
     summary["gpu_busy_source"] = "kineto"
-    assert "; GPU-bound: " in build_report([summary])["verdict"]
+    line = build_report([summary])["verdict"]
+    assert ("; GPU-bound: " in line) is gpu_bound
+    assert ("host-bound: the GPU is busy" in line) is not gpu_bound
+
+
+def test_a_straggler_is_named_instead_of_gpu_bound():
     ranks = [rank_summary(rank=r) for r in range(4)]
     ranks[2] = rank_summary(rank=2, data=12.1)
     line = build_report(ranks)["verdict"]

@@ -189,6 +189,7 @@ def test_bad_compile_modes_and_a_mode_on_raw_are_refused(throughput) -> None:
         ("app_synthetic:default:default", "after the compile mode only ':tuned' .*, not 'default'"),
         ("app_synthetic:tuned", "unknown compile mode 'tuned'"),
         ("app_synthetic:reduce-overhead:", "after the compile mode only ':tuned'"),
+        ("app_folder:reduce-overhead:tuned@0.7", r"not 'tuned@0.7' \(order: NAME\[@SHARE\]\[:MODE\[:tuned\]\]"),
         ("app_folder_gpu:reduce-overhead@0.7", r"order: NAME\[@SHARE\]\[:MODE\[:tuned\]\]\[\+OPTION\.\.\.\]"),
         ("raw:default", "variant 'raw:default': only app variants take a compile mode; the plain loop always"),
         ("app_sythetic:default", "unknown variant 'app_sythetic:default'"),
