@@ -4,12 +4,11 @@ their children, kernels inside steps, inside the ranges between steps, or outsid
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
+from nsys_export import MS, NVTX_EVENTS, new_export, tid
 
-MS = 1_000_000  # nsys times are in ns
 PID = 7
 
 
@@ -18,27 +17,24 @@ def checker(bench_script):
     return bench_script("check_nsys")
 
 
-def tid(thread: int) -> int:
-    return (PID << 24) | thread  # nsys packs the process id above the thread id
-
-
 def write_report(path: Path, ranges: list[tuple[int, int, str]], launches_ms: list[float]) -> Path:
     """One process: push/pop ranges (start ms, end ms, name) and one kernel per launch time (ms), launched from a
     second thread as autograd's backward would be."""
-    db = sqlite3.connect(path)
-    db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
-    db.execute("CREATE TABLE NVTX_EVENTS (start INT, end INT, text TEXT, textId INT, eventType INT, globalTid INT)")
-    db.execute(
-        "CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INT, end INT, nameId INT, correlationId INT, globalTid INT)"
+    db = new_export(
+        path,
+        ["cudaLaunchKernel_v7000"],
+        NVTX_EVENTS,
+        "CUPTI_ACTIVITY_KIND_RUNTIME (start INT, end INT, nameId INT, correlationId INT, globalTid INT)",
+        "CUPTI_ACTIVITY_KIND_KERNEL (correlationId INT, globalPid INT)",
     )
-    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (correlationId INT, globalPid INT)")
-    db.execute("INSERT INTO StringIds VALUES (0, 'cudaLaunchKernel_v7000')")
     db.executemany(
-        "INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, NULL, 59, ?)", [(s * MS, e * MS, n, tid(1)) for s, e, n in ranges]
+        "INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, NULL, 59, ?)",
+        [(s * MS, e * MS, n, tid(PID, 1)) for s, e, n in ranges],
     )
     for i, t in enumerate(launches_ms):
         db.execute(
-            "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?)", (int(t * MS), int(t * MS) + 10, i, tid(2))
+            "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?)",
+            (int(t * MS), int(t * MS) + 10, i, tid(PID, 2)),
         )
         db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?)", (i, PID << 24))
     db.commit()

@@ -6,9 +6,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from nsys_export import MS, RUNTIME, new_export, tid
 
 S = 1_000_000_000  # nsys times are in ns
-MS = 1_000_000
 
 
 @pytest.fixture(scope="module")
@@ -16,20 +16,12 @@ def timeline(bench_script):
     return bench_script("kernel_timeline")
 
 
-def tid(pid: int, thread: int) -> int:
-    return (pid << 24) | thread  # nsys packs the process id above the thread id
-
-
 @pytest.fixture
 def report(tmp_path: Path) -> Path:
     """A run that launched kernels for 20 s, then one 15 s kernel, then only a synchronize that never returned work."""
     path = tmp_path / "run.sqlite"
-    db = sqlite3.connect(path)
-    db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
-    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, shortName INT)")
-    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INT, end INT, nameId INT, globalTid INT)")
     names = ["conv", "slow_triton_kernel", "cudaLaunchKernel", "cudaDeviceSynchronize", "cudaGraphLaunch"]
-    db.executemany("INSERT INTO StringIds VALUES (?, ?)", list(enumerate(names)))
+    db = new_export(path, names, "CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, shortName INT)", RUNTIME)
     t0 = 1000 * S  # reports do not start at 0
     kernels = [(t0 + i * S, t0 + i * S + 500 * MS, 0) for i in range(20)]  # 0.5 s busy per second
     kernels.append((t0 + 25 * S, t0 + 40 * S, 1))  # 25-40 s: crosses the 30 s bin boundary

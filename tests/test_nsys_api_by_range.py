@@ -6,8 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
-MS = 1_000_000  # nsys times are in ns
+from nsys_export import MS, NVTX_EVENTS, RUNTIME, new_export, tid
 
 
 @pytest.fixture(scope="module")
@@ -15,19 +14,11 @@ def counter(bench_script):
     return bench_script("nsys_api_by_range")
 
 
-def tid(pid: int, thread: int) -> int:
-    return (pid << 24) | thread  # nsys packs the process id above the thread id
-
-
 @pytest.fixture
 def report(tmp_path: Path) -> Path:
     path = tmp_path / "calls.sqlite"
-    db = sqlite3.connect(path)
-    db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
-    db.execute("CREATE TABLE NVTX_EVENTS (start INT, end INT, text TEXT, textId INT, eventType INT, globalTid INT)")
-    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INT, end INT, nameId INT, globalTid INT)")
     names = ["cuMemFree_v2", "cudaLaunchKernel_v7000", "cudaMemcpyAsync_v3020", "row B"]
-    db.executemany("INSERT INTO StringIds VALUES (?, ?)", list(enumerate(names)))
+    db = new_export(path, names, NVTX_EVENTS, RUNTIME)
     db.executemany(
         "INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, ?, ?, ?)",
         [
