@@ -30,8 +30,8 @@ def markdown(report: dict) -> str:
     out = [f"# Step-time report: steps {w[0]}-{w[1]}", "", f"**{report['verdict']}**", "", "| | |", "|---|---|"]
     rows = [
         ("ranks", report["world_size"]),
-        ("images/s (all ranks)", o["images_per_s"]),
-        ("median step (host, ms)", o["step_ms"]),
+        (f"images/s (all ranks, {o.get('clock') or 'host'} clock)", o["images_per_s"]),
+        ("median step (host, ms)", o.get("host_step_ms", o["step_ms"])),
         ("median step (GPU, ms)", o.get("gpu_step_ms")),
         ("data wait (% of step, mean / max of ranks)", f"{o['data_pct']} / {o['data_pct_max']}"),
         ("GPU busy", f"{100 * o['gpu_busy']:.1f}% ({o['gpu_busy_source']})" if o.get("gpu_busy") is not None else None),

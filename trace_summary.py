@@ -214,9 +214,10 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
     span = (step_ranges[0][0], previous_end if previous_end is not None else step_ranges[-1][1])
     busy = None
     skipped = length(gpu_gaps)
-    if kernels and span[1] - span[0] - skipped > 0:
+    gpu_wall = span[1] - span[0] - skipped
+    if kernels and gpu_wall > 0:
         clipped = [(max(span[0], k["ts"]), min(span[1], k["ts"] + k["dur"])) for k in kernels]
-        busy = (length(clipped) - overlap(union(clipped), gpu_gaps)[1]) / (span[1] - span[0] - skipped)
+        busy = (length(clipped) - overlap(union(clipped), gpu_gaps)[1]) / gpu_wall
     copy_summary = None
     if copies:
         total = inside = 0.0
@@ -255,6 +256,9 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         "window": [rows[0]["step"], rows[-1]["step"]],
         "steps": rows,
         "wall_ms": round((step_ranges[-1][1] - step_ranges[0][0] - sum(b - a for a, b in host_gaps)) / 1000, 4),
+        # From the first step's start to the end of the last step's last compute kernel, less the gaps: the window
+        # as the GPU ran it (longer than the host's when the host ran ahead of a GPU-bound run).
+        "gpu_wall_ms": round(gpu_wall / 1000, 4) if previous_end is not None and gpu_wall > 0 else None,
         "between_steps": [
             {
                 "after_step": rows[i]["step"],

@@ -190,6 +190,7 @@ class StepTimer:
             "window": [window[0], window[1] - 1] if window else None,
             "steps": [s["row"] for s in steps],
             "wall_ms": round(steps[-1]["host"][1] - steps[0]["host"][0] - left_out, 4) if steps else 0.0,
+            "gpu_wall_ms": None,
             "between_steps": [
                 {
                     "after_step": a["row"]["step"],
@@ -215,6 +216,10 @@ class StepTimer:
             stalled += sum(max(0.0, b["gpu"][0] - a["gpu"][1]) for a, b in zip(steps, steps[1:], strict=False))
             stalled -= skipped
             summary["gpu_busy"] = round(max(0.0, 1 - stalled / span), 4) if span > 0 else None
+            # The window's length as the GPU ran it: the host's own is short of it when the host ran ahead (after
+            # cudaProfilerStart or the Kineto profiler's start drained the queue, the host of a GPU-bound run enqueues
+            # the window's steps faster than the GPU runs them).
+            summary["gpu_wall_ms"] = round(span, 4) if span > 0 else None
             summary["gpu_busy_source"] = "events" if span > 0 else None
             # Until the GPU reaches the window's first event it still runs the steps before the window: compute too.
             backlog = (host[0] - offset, 0.0)

@@ -407,7 +407,10 @@ def test_kineto_trace_with_validation_and_an_epoch_end_between_steps_leaves_the_
     # The same from the report: the gap is listed, the verdict judges the steps.
     report = build_report([summary])
     assert report["overall"]["between_steps"] == summary["between_steps"]
-    assert report["overall"]["images_per_s"] == pytest.approx(16 / 0.0002, rel=1e-3)
+    # Images/s on the GPU's clock (the 164 us above); the host recorded the two steps in 200 us.
+    assert summary["gpu_wall_ms"] == 0.164 and report["overall"]["clock"] == "gpu"
+    assert report["overall"]["images_per_s"] == pytest.approx(16 / 0.000164, rel=1e-3)
+    assert report["ranks"][0]["stats"]["host_images_per_s"] == pytest.approx(16 / 0.0002, rel=1e-3)
 
 
 def test_kineto_trace_after_a_gap_the_gpu_step_starts_when_the_gaps_own_work_is_done():

@@ -130,6 +130,13 @@ def test_events_give_known_phase_times_lag_busy_fraction_and_copy_overlap():
     assert summary["wall_ms"] == pytest.approx(12) and summary["window"] == [0, 1] and summary["device"] == "cuda:0"
     assert summary["input"] == "prefetcher" and summary["compile"] is None  # no model: no mode known
     assert summary["compile_tuning"] is False
+    # The host recorded the two steps in 12 ms; the GPU ran them from 1 to 42 ms: the rate is the GPU's.
+    assert summary["gpu_wall_ms"] == pytest.approx(41)
+    o = step_report.build_report([summary])["overall"]
+    assert o["clock"] == "gpu" and o["images_per_s"] == pytest.approx(8 / 0.041, abs=0.01)
+    assert o["step_ms"] == pytest.approx((23 + 16) / 2) and o["host_step_ms"] == pytest.approx((7 + 4) / 2)
+    line = step_report.summary_lines(step_report.build_report([summary]))[1]
+    assert line.startswith("  195.1 img/s, median step 19.50 ms (GPU clock; host 5.50 ms)")
 
 
 @pytest.mark.parametrize(
@@ -227,7 +234,9 @@ def test_the_gap_of_an_epoch_end_and_the_next_first_fetch_are_left_out_of_wall_t
     assert (copies["count"], copies["time_ms"], copies["overlap"]) == (1, pytest.approx(1), pytest.approx(1.0))
     assert summary["steps"][0]["h2d"] == pytest.approx(1) and summary["steps"][1]["h2d"] is None
     report = step_report.build_report([summary])
-    assert report["overall"]["images_per_s"] == pytest.approx(12 / 0.019, abs=0.01)
+    assert summary["gpu_wall_ms"] == pytest.approx(31)
+    assert report["overall"]["images_per_s"] == pytest.approx(12 / 0.031, abs=0.01)
+    assert report["ranks"][0]["stats"]["host_images_per_s"] == pytest.approx(12 / 0.019, abs=0.01)
     assert report["overall"]["between_steps"] == [gap]
     # Host data 1 + 0 + 1 of 6 + 5 + 6 ms: the refill's 200 ms are not the steps' data wait.
     assert report["overall"]["data_pct"] == pytest.approx(100 * 2 / 17, abs=0.01)
