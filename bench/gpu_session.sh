@@ -31,6 +31,9 @@
 # report-synthetic, report2-synthetic: the same on synthetic data, the reference for the phases' GPU times (what the
 #            input path and DDP's all-reduce add to forward and backward); PRECISION sets trainer.precision of all
 #            four (default bf16-mixed)
+# report-nsys: the report-synthetic run under nsys --capture-range=cudaProfilerApi (window 20-24; COMPILE as there,
+#            with --cuda-graph-trace=node for the CUDA-graph modes), then nsys's kernel time per step beside the
+#            report's median step (opening the window under nsys drains the GPU's queue; the host then runs ahead)
 # ddp-P    : bench/throughput.py on 1 and all GPUs of the machine (torchrun): raw loop, app synthetic, app nvJPEG
 #            folder; scaling. Workers: cores per GPU minus two (two left for each rank's training thread and producer)
 # cpuload-P: bench/cpu_load.py around bench/throughput.py on all GPUs (torchrun, cores per GPU minus two workers,
@@ -137,6 +140,21 @@ for stage in "$@"; do
       --profile.start_step 20 --profile.num_steps 10 2>&1 | grep -A9 "step report," | tee "$out/$stage.txt"
     # The report only: the run folder also holds ResNet-50 checkpoints, and is deeper than a device call returns.
     cp -r "$(ls -dt /tmp/"${stage}"_run/*/version_*/step_report | head -1)" "$out/${stage}_step_report" ;;
+  report-nsys)
+    input=(--config configs/resnet50_synthetic.yaml)
+    [ -n "${COMPILE:-}" ] && input+=(--model.compile "${COMPILE%:tuned}")
+    [[ ${COMPILE:-} == *:tuned ]] && input+=(--model.compile_tuning true)
+    flags=(-s none -t cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=stop --force-overwrite true)
+    case ${COMPILE%:tuned} in reduce-overhead|max-autotune) flags+=(--cuda-graph-trace=node) ;; esac
+    timeout "$limit" nsys profile "${flags[@]}" -o /tmp/report_nsys python3 train.py "${input[@]}" \
+      --data.batch_size 256 --trainer.precision "${PRECISION:-bf16-mixed}" --trainer.max_steps 30 \
+      --trainer.enable_progress_bar false --trainer.default_root_dir /tmp/report_nsys_run \
+      --trainer.logger.init_args.save_dir /tmp/report_nsys_run --profile.start_step 20 --profile.num_steps 5 2>&1 \
+      | grep -A9 "step report," | tee "$out/$stage.txt"
+    # nsys's own count: every kernel of the 5 window steps (the name, quoted, is the last column; time the second).
+    nsys stats -r cuda_gpu_kern_sum -f csv -o /tmp/report_nsys /tmp/report_nsys.nsys-rep >/dev/null 2>&1
+    awk -F, 'NR > 1 {s += $2} END {printf "nsys: %.2f ms of kernels a step\n", s / 5e6}' \
+      /tmp/report_nsys_cuda_gpu_kern_sum.csv | tee -a "$out/$stage.txt" ;;
   ddp-*)
     jpegs; p=${stage#*-}; n=$(nvidia-smi -L | wc -l)
     BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \

@@ -557,6 +557,68 @@ def test_gpu_window_reports_gpu_times_pinned_copies_and_overlap(tmp_path: Path, 
     ]  # fmt: skip
 
 
+class _MatmulChain(pl.LightningModule):
+    """A step of few, long kernels (matmuls of width 4096): the host enqueues it in a fraction of its GPU time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(*(torch.nn.Linear(4096, 4096) for _ in range(6)))
+
+    def training_step(self, batch: list, batch_idx: int) -> torch.Tensor:
+        x = torch.ones(len(batch[0]), 4096, device=self.device)
+        return self.layers(x).float().square().mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-6)
+
+
+class _DrainAt(pl.Callback):
+    """Synchronizes before step ``step`` starts: the empty queue that opening a window under nsys leaves."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step:
+            torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_gpu_window_after_a_drained_queue_reports_the_gpus_rate_not_the_hosts(tmp_path: Path):
+    # The drain runs before the window opens (callbacks run in list order): from there the host runs ahead.
+    window = ProfilerWindow(start_step=4, num_steps=6)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4096 * 20, 1)), batch_size=4096)
+    model = _MatmulChain()
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=12, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
+                         callbacks=[_DrainAt(4), window])  # fmt: skip
+    trainer.fit(model, loader)
+    (report,) = window.reports
+    print("\n".join(step_report.summary_lines(report)))
+    o = report["overall"]
+    # The same step, timed on its own with the queue drained before and after each one: the GPU's time per step.
+    opt = model.configure_optimizers()
+    batch = [torch.zeros(4096, 1)]
+    times = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        model.training_step(batch, 0).backward()
+        opt.step()
+        opt.zero_grad()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    alone = sorted(times)[2]
+    assert o["clock"] == "gpu"
+    assert o["host_step_ms"] < 0.5 * o["step_ms"], "the host did not run ahead: the test's premise failed"
+    assert o["step_ms"] == pytest.approx(alone, rel=0.2)
+    assert o["images_per_s"] == pytest.approx(4096 / (alone / 1000), rel=0.2)
+    assert report["ranks"][0]["stats"]["host_images_per_s"] > 1.5 * o["images_per_s"]
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_two_gpu_ddp_report_holds_both_ranks_with_gpu_times(tmp_path: Path):
