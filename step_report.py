@@ -82,7 +82,16 @@ def rank_stats(summary: dict) -> dict:
     out["images_per_s"], out["host_images_per_s"] = rate(wall), rate(host_wall)
     out["step_ms"] = out[clock]["median_ms"]["total"] if steps else None
     out["host_step_ms"] = out["host"]["median_ms"]["total"] if steps else None
-    out["data_pct"] = out["host"]["pct"]["data"] if steps else None
+    out["data_pct"] = None
+    if steps and clock == "gpu":
+        # The wait that held the GPU up: the host waited for its batch and the GPU idled meanwhile. A host that runs
+        # ahead also waits for batches, with the GPU still busy on the steps it queued before (on an H200 a loader
+        # took 43% of such a host's step while the GPU was busy 100%: not an input-bound run).
+        waited = statistics.fmean(min(s["host"]["data"], s["gpu"]["data"]) for s in steps)
+        total = out["gpu"]["mean_ms"]["total"]
+        out["data_pct"] = round(100 * waited / total, 2) if total > 0 else 0.0
+    elif steps:
+        out["data_pct"] = out["host"]["pct"]["data"]
     out["unsynced_ms"] = (
         round(statistics.median(sum(s[clocks[-1]][p] for p in UNSYNCED) for s in steps), 4) if steps else None
     )

@@ -329,7 +329,8 @@ def test_kineto_trace_gives_known_phases_overlap_and_busy_fraction():
     assert summary["wall_ms"] == 0.2
     report = build_report([summary])
     assert report["findings"][0] == "copies are pageable (1 of 2): enable pin_memory in the DataLoader"
-    assert report["findings"][1].startswith("input-bound: data wait is 20.0% of the step")
+    # The waits that held the GPU up, min(host, GPU) a step: 10 and 30 us of the GPU's mean 95 us step.
+    assert report["findings"][1].startswith("input-bound: data wait is 21.1% of the step")
 
 
 def test_input_wait_is_what_the_first_kernel_after_a_fetch_waits_beyond_its_launch_and_the_work_before_it():
@@ -585,25 +586,14 @@ class _DrainAt(pl.Callback):
 
 @pytest.mark.gpu
 def test_gpu_window_after_a_drained_queue_reports_the_gpus_rate_not_the_hosts(tmp_path: Path):
-    # The drain runs before the window opens (callbacks run in list order): from there the host runs ahead.
-    window = ProfilerWindow(start_step=4, num_steps=6)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4096 * 20, 1)), batch_size=4096)
-    model = _MatmulChain()
-    trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=12, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
-                         callbacks=[_DrainAt(4), window])  # fmt: skip
-    trainer.fit(model, loader)
-    (report,) = window.reports
-    print("\n".join(step_report.summary_lines(report)))
-    o = report["overall"]
-    # The same step, timed on its own with the queue drained before and after each one: the GPU's time per step.
+    # The reference: the same step timed on its own, with the queue drained around each one (after warm-up steps).
+    model = _MatmulChain().cuda()
     opt = model.configure_optimizers()
     batch = [torch.zeros(4096, 1)]
     times = []
-    for _ in range(5):
+    for _ in range(7):
         torch.cuda.synchronize()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         model.training_step(batch, 0).backward()
         opt.step()
@@ -611,12 +601,24 @@ def test_gpu_window_after_a_drained_queue_reports_the_gpus_rate_not_the_hosts(tm
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    alone = sorted(times)[2]
+    alone = sorted(times[2:])[2]
+    # The drain runs before the window opens (callbacks run in list order): from there the host runs ahead.
+    window = ProfilerWindow(start_step=4, num_steps=6)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4096 * 20, 1)), batch_size=4096)
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=12, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
+                         callbacks=[_DrainAt(4), window])  # fmt: skip
+    trainer.fit(model, loader)
+    (report,) = window.reports
+    print("\n".join(step_report.summary_lines(report)), f"\nthe step alone: {alone:.2f} ms")
+    o = report["overall"]
     assert o["clock"] == "gpu"
     assert o["host_step_ms"] < 0.5 * o["step_ms"], "the host did not run ahead: the test's premise failed"
     assert o["step_ms"] == pytest.approx(alone, rel=0.2)
     assert o["images_per_s"] == pytest.approx(4096 / (alone / 1000), rel=0.2)
     assert report["ranks"][0]["stats"]["host_images_per_s"] > 1.5 * o["images_per_s"]
+    # The host's collate of 4096 rows took 43% of its step on an H200, with the GPU busy on the steps queued before.
+    assert o["data_pct"] < 5 and "input-bound" not in report["verdict"]
 
 
 @pytest.mark.gpu
