@@ -33,7 +33,8 @@
 #            four (default bf16-mixed)
 # report-nsys: the report-synthetic run under nsys --capture-range=cudaProfilerApi (window 20-24; COMPILE as there,
 #            with --cuda-graph-trace=node for the CUDA-graph modes), then nsys's kernel time per step beside the
-#            report's median step (opening the window under nsys drains the GPU's queue; the host then runs ahead)
+#            report's median step (opening the window under nsys drains the GPU's queue; the host then runs ahead),
+#            by kernel class (bench/kernel_classes.py)
 # ddp-P    : bench/throughput.py on 1 and all GPUs of the machine (torchrun): raw loop, app synthetic, app nvJPEG
 #            folder; scaling. Workers: cores per GPU minus two (two left for each rank's training thread and producer)
 # cpuload-P: bench/cpu_load.py around bench/throughput.py on all GPUs (torchrun, cores per GPU minus two workers,
@@ -151,10 +152,9 @@ for stage in "$@"; do
       --trainer.enable_progress_bar false --trainer.default_root_dir /tmp/report_nsys_run \
       --trainer.logger.init_args.save_dir /tmp/report_nsys_run --profile.start_step 20 --profile.num_steps 5 2>&1 \
       | grep -A9 "step report," | tee "$out/$stage.txt"
-    # nsys's own count: every kernel of the 5 window steps (the name, quoted, is the last column; time the second).
+    # nsys's own count: every kernel of the 5 window steps, by class (conv/GEMM against the memory-bound rest).
     nsys stats -r cuda_gpu_kern_sum -f csv -o /tmp/report_nsys /tmp/report_nsys.nsys-rep >/dev/null 2>&1
-    awk -F, 'NR > 1 {s += $2} END {printf "nsys: %.2f ms of kernels a step\n", s / 5e6}' \
-      /tmp/report_nsys_cuda_gpu_kern_sum.csv | tee -a "$out/$stage.txt" ;;
+    python3 bench/kernel_classes.py /tmp/report_nsys_cuda_gpu_kern_sum.csv --steps 5 | tee -a "$out/$stage.txt" ;;
   ddp-*)
     jpegs; p=${stage#*-}; n=$(nvidia-smi -L | wc -l)
     BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \
