@@ -146,7 +146,8 @@ for stage in "$@"; do
     [ -n "${COMPILE:-}" ] && input+=(--model.compile "${COMPILE%:tuned}")
     [[ ${COMPILE:-} == *:tuned ]] && input+=(--model.compile_tuning true)
     flags=(-s none -t cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=stop --force-overwrite true)
-    case ${COMPILE%:tuned} in reduce-overhead|max-autotune) flags+=(--cuda-graph-trace=node) ;; esac
+    case ${COMPILE:-} in reduce-overhead*|max-autotune|max-autotune:tuned) flags+=(--cuda-graph-trace=node) ;; esac
+    rm -f /tmp/report_nsys.nsys-rep /tmp/report_nsys_cuda_gpu_kern_sum.csv  # never read an earlier run's
     timeout "$limit" nsys profile "${flags[@]}" -o /tmp/report_nsys python3 train.py "${input[@]}" \
       --data.batch_size 256 --trainer.precision "${PRECISION:-bf16-mixed}" --trainer.max_steps 30 \
       --trainer.enable_progress_bar false --trainer.default_root_dir /tmp/report_nsys_run \

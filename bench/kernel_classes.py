@@ -20,18 +20,28 @@ import re
 import sys
 from pathlib import Path
 
-#: (class, pattern on the kernel's name), first match wins: Triton's conv/GEMM templates (``triton_tem_``, under
-#: max-autotune) before the other Triton kernels; cuBLASLt's ``nvjet`` kernels (cuDNN 9 also runs some 1x1
-#: convolutions on them) with cuDNN's.
+CONV = "conv/GEMM (cuDNN, cuBLAS, Triton templates)"
+TRITON_REDUCTION = "Triton reductions (batch norm statistics, their backward)"
+TRITON_POINTWISE = "Triton pointwise (normalize, ReLU, adds, pooling)"
+BATCH_NORM = "batch norm (ATen, cuDNN)"
+POOLING = "pooling (ATen)"
+OPTIMIZER = "optimizer and other foreach work (ATen)"
+ELEMENTWISE = "elementwise and reductions (ATen)"
+#: (class, pattern on the kernel's name), first match wins. Triton's kernels first: their names spell the ATen ops
+#: they fuse ("..._native_batch_norm_..._convolution_backward_..."), and its conv/GEMM templates (``triton_tem_``,
+#: under max-autotune) are convolutions. cuDNN's own batch norm (``bn_fw_tr_1C11_...``: NCHW, fp32) before the rest
+#: of cuDNN; cuBLASLt's ``nvjet`` kernels (cuDNN 9 also runs some 1x1 convolutions on them) with cuDNN's.
+#: ``multi_tensor`` is the fused/foreach optimizer, and also AMP's unscale and other foreach work.
 CLASSES = (
-    ("conv/GEMM (cuDNN, cuBLAS, Triton templates)",
-     r"^triton_tem_|xmma|cutlass|implicit_gemm|nvjet|gemm|dgrad|wgrad|fprop|nhwcAddPadding|nchwToNhwc|nhwcToNchw"),
-    ("Triton reductions (batch norm statistics, their backward)", r"^triton_(red|per)_"),
-    ("Triton pointwise (normalize, ReLU, adds, pooling)", r"^triton_"),
-    ("batch norm (ATen)", r"batch_norm"),
-    ("pooling (ATen)", r"pool"),
-    ("optimizer (ATen)", r"multi_tensor|sgd|Sgd"),
-    ("elementwise and reductions (ATen)", r"elementwise|reduce_kernel|vectorized"),
+    (CONV, r"^triton_tem_"),
+    (TRITON_REDUCTION, r"^triton_(red|per)_"),
+    (TRITON_POINTWISE, r"^triton_"),
+    (BATCH_NORM, r"batch_norm|(^|::)bn_(fw|bw)_"),
+    (CONV, r"xmma|cutlass|implicit_gemm|nvjet|gemm|dgrad|wgrad|fprop|winograd|fft|cudnn|conv2d|convolve"
+           r"|nhwcAddPadding|nchwToNhwc|nhwcToNchw"),
+    (POOLING, r"pool"),
+    (OPTIMIZER, r"multi_tensor|sgd|Sgd"),
+    (ELEMENTWISE, r"elementwise|reduce_kernel|vectorized"),
 )  # fmt: skip
 OTHER = "other"
 COLUMNS = ("Total Time (ns)", "Instances", "Name")
@@ -70,7 +80,13 @@ def by_class(kernels: list[tuple[str, float, int]], steps: int) -> list[tuple[st
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csv", type=Path, help="nsys stats --report cuda_gpu_kern_sum --format csv output")
-    p.add_argument("--steps", type=int, default=1, help="training steps the report holds (the window's length)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=1,
+        help="training steps the report holds (the window's length); nsys sums every process it traced, so for a "
+        "report of N ranks give steps x N for the time a step per GPU",
+    )
     p.add_argument("--top", type=int, default=10, help="longest kernels to list by total time")
     a = p.parse_args(argv)
     if a.steps < 1 or a.top < 0:

@@ -217,8 +217,8 @@ class StepTimer:
             stalled -= skipped
             summary["gpu_busy"] = round(max(0.0, 1 - stalled / span), 4) if span > 0 else None
             # The window's length as the GPU ran it: the host's own is short of it when the host ran ahead (after
-            # cudaProfilerStart or the Kineto profiler's start drained the queue, the host of a GPU-bound run enqueues
-            # the window's steps faster than the GPU runs them).
+            # cudaProfilerStart under nsys drained the queue, the host of a GPU-bound run enqueues the window's steps
+            # faster than the GPU runs them).
             summary["gpu_wall_ms"] = round(span, 4) if span > 0 else None
             summary["gpu_busy_source"] = "events" if span > 0 else None
             # Until the GPU reaches the window's first event it still runs the steps before the window: compute too.

@@ -43,25 +43,37 @@ def summary(tmp_path: Path) -> Path:
 
 
 def test_kernels_are_classed_by_name(classes) -> None:
-    assert [classes.kernel_class(name) for name, _, _ in KERNELS] == [
-        *[classes.CLASSES[0][0]] * 3,  # cuDNN, cuBLASLt, a Triton template
-        classes.CLASSES[1][0], classes.CLASSES[1][0],  # Triton reductions
-        classes.CLASSES[2][0],  # Triton pointwise
-        "batch norm (ATen)", "pooling (ATen)", "optimizer (ATen)", "elementwise and reductions (ATen)", classes.OTHER,
+    c = classes
+    assert [c.kernel_class(name) for name, _, _ in KERNELS] == [
+        c.CONV, c.CONV, c.CONV,  # cuDNN, cuBLASLt, a Triton template
+        c.TRITON_REDUCTION, c.TRITON_REDUCTION, c.TRITON_POINTWISE,
+        c.BATCH_NORM, c.POOLING, c.OPTIMIZER, c.ELEMENTWISE, c.OTHER,
     ]  # fmt: skip
+    # Triton's names spell the ops they fuse; cuDNN's batch norm and its convolutions without a GEMM in the name.
+    assert c.kernel_class("triton_poi_fused__native_batch_norm_legit_functional_add_convolution_backward_7") == (
+        c.TRITON_POINTWISE
+    )
+    assert c.kernel_class("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1>(...)") == (
+        c.BATCH_NORM
+    )
+    assert c.kernel_class("bn_bw_1C11_kernel_new<float, float, float2, 512, true, 1>") == c.BATCH_NORM
+    assert c.kernel_class("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(...)") == c.CONV
+    assert c.kernel_class("void conv2d_grouped_direct_kernel<false, true, false, false, 0, 0, int, float>") == c.CONV
+    assert c.kernel_class("void at::native::batch_norm_backward_elemt_channels_last_kernel<4>") == c.BATCH_NORM
 
 
 def test_time_per_step_by_class_largest_first(classes, summary: Path) -> None:
     rows = classes.by_class(classes.read_summary(summary), steps=2)
+    c = classes
     assert [(label, round(ms, 3), round(share, 4), count) for label, ms, share, count in rows] == [
-        (classes.CLASSES[0][0], 4.5, round(9 / 18, 4), 32),
-        (classes.CLASSES[2][0], 2.0, round(4 / 18, 4), 1),
-        (classes.CLASSES[1][0], 2.0, round(4 / 18, 4), 5),
-        ("batch norm (ATen)", 0.25, round(0.5 / 18, 4), 2),
-        ("pooling (ATen)", 0.125, round(0.25 / 18, 4), 1),
-        ("optimizer (ATen)", 0.075, round(0.15 / 18, 4), 1),
-        ("elementwise and reductions (ATen)", 0.04, round(0.08 / 18, 4), 2),
-        (classes.OTHER, 0.01, round(0.02 / 18, 4), 1),
+        (c.CONV, 4.5, round(9 / 18, 4), 32),
+        (c.TRITON_POINTWISE, 2.0, round(4 / 18, 4), 1),
+        (c.TRITON_REDUCTION, 2.0, round(4 / 18, 4), 5),
+        (c.BATCH_NORM, 0.25, round(0.5 / 18, 4), 2),
+        (c.POOLING, 0.125, round(0.25 / 18, 4), 1),
+        (c.OPTIMIZER, 0.075, round(0.15 / 18, 4), 1),
+        (c.ELEMENTWISE, 0.04, round(0.08 / 18, 4), 2),
+        (c.OTHER, 0.01, round(0.02 / 18, 4), 1),
     ]
 
 
@@ -71,7 +83,7 @@ def test_the_tables_and_the_errors_of_the_command_line(classes, summary: Path, t
     assert out.startswith("9.00 ms of kernels a step (2 steps)")
     assert "| conv/GEMM (cuDNN, cuBLAS, Triton templates) | 4.50 | 50.0% | 32 |" in out
     longest = KERNELS[0][0]
-    assert f"| `{longest}` | 3.00 | 20 | {classes.CLASSES[0][0]} |" in out
+    assert f"| `{longest}` | 3.00 | 20 | {classes.CONV} |" in out
     assert "nvjet" not in out  # only the longest kernel
     with pytest.raises(SystemExit, match="missing.csv"):
         classes.main([str(tmp_path / "missing.csv")])

@@ -131,14 +131,60 @@ def test_with_the_gpu_decoding_an_input_stall_points_at_cpu_cores_not_at_the_gpu
         "training process: raise data.cpu_decode_share while CPU cores are free, or data.decode cpu with more "
         "data.workers or a pre-resized copy (resize_dataset.py)"
     ]
-    assert build_report([hidden])["verdict"].startswith(
-        "prefetch hidden: 99.6% overlapped, JPEGs decoded on the GPU, data wait 0.1%; GPU-bound"
+    assert build_report([hidden])["verdict"] == (
+        "prefetch hidden: 99.6% overlapped, JPEGs decoded on the GPU, data wait 0.1%; GPU-bound: the GPU's work sets "
+        "the pace, the JPEG decode included (data.decode gpu): data.cpu_decode_share, or data.decode cpu on a "
+        "pre-resized copy (resize_dataset.py), moves it to free CPU cores; faster kernels: model.compile "
+        "reduce-overhead (and model.compile_tuning true for a long run)"
     )
+    # Launch-bound under the GPU decode: the decode's host work is named first.
+    launches = rank_summary(copies=decoded, lag=0.05) | {"input": "gpu-decode"}
+    assert build_report([launches])["findings"] == [
+        "host-bound: the GPU finishes each step 0.05 ms after the host issues it (of a 100.0 ms step), so it waits "
+        "for launches; the GPU decode path's per-image host work competes with the launches: raise "
+        "data.cpu_decode_share while CPU cores are free, or data.decode cpu on a pre-resized copy "
+        "(resize_dataset.py); else try model.compile reduce-overhead (CUDA graphs: one launch a graph) or a larger "
+        "batch"
+    ]
     # The CPU path's stall keeps its own advice.
     stalled["input"] = "prefetcher"
     assert build_report([stalled])["findings"][0].endswith(
         "; more data.workers, a pre-resized copy (resize_dataset.py) or data.decode gpu"
     )
+
+
+def test_a_host_that_ran_ahead_waits_for_data_without_stalling_the_gpu():
+    """Four 100 ms GPU steps; the host recorded each in less, 30 ms of it waiting for the loader, while the GPU ran
+    the steps it had queued (its data phase 0): not input-bound, and the verdict says where the host waited."""
+    ahead = rank_summary(data=30.0)
+    for row in ahead["steps"]:
+        row["gpu"] = {**row["gpu"], "data": 0.0, "backward": row["gpu"]["backward"] + 30.0}
+    ahead["wall_ms"], ahead["gpu_wall_ms"] = 200.0, 400.0
+    report = build_report([ahead])
+    o = report["overall"]
+    assert (o["clock"], o["images_per_s"], o["data_pct"], o["host_data_pct"]) == ("gpu", 2560.0, 0.0, 30.0)
+    assert report["findings"] == []
+    assert report["verdict"].startswith(
+        "prefetch hidden: 99.6% overlapped, pinned, data wait 0% (the host waited 30.0% of its step, while the GPU "
+        "ran steps queued before); GPU-bound: "
+    )
+    # Without the GPU's span (a report from before it was recorded) the host's clock judges, as it did then.
+    ahead.pop("gpu_wall_ms")
+    report = build_report([ahead])
+    assert report["overall"]["clock"] == "host" and report["overall"]["images_per_s"] == 5120.0
+    assert report["findings"][0].startswith("input-bound: data wait is 30.0% of the step")
+    # A GPU stalled through the whole fetch: the wait is the host's, on both clocks.
+    stalled = rank_summary(data=30.0) | {"gpu_wall_ms": 400.0}
+    assert build_report([stalled])["findings"][0].startswith("input-bound: data wait is 30.0% of the step")
+
+
+def test_ranks_on_different_clocks_are_labelled_so():
+    with_events = rank_summary(rank=0) | {"gpu_wall_ms": 400.0}
+    line = step_report.summary_lines(build_report([with_events, rank_summary(rank=1, gpu=False)]))[1]
+    assert "median step 100.00 ms (GPU/host clock; host 100.00 ms)" in line
+    line = step_report.summary_lines(build_report([with_events]))[1]
+    assert line.startswith("  2560.0 img/s, median step 100.00 ms (GPU clock; host 100.00 ms)")
+    assert "(host clock)" in step_report.summary_lines(build_report([rank_summary(rank=1, gpu=False)]))[1]
 
 
 def test_host_bound_advice_knows_whether_cuda_graphs_are_on_already():
@@ -563,24 +609,35 @@ class _MatmulChain(pl.LightningModule):
 
     def __init__(self) -> None:
         super().__init__()
-        self.layers = torch.nn.Sequential(*(torch.nn.Linear(4096, 4096) for _ in range(6)))
+        self.layers = torch.nn.Sequential(*(torch.nn.Linear(4096, 4096) for _ in range(12)))
 
-    def training_step(self, batch: list, batch_idx: int) -> torch.Tensor:
-        x = torch.ones(len(batch[0]), 4096, device=self.device)
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        x = torch.ones(len(batch), 4096, device=self.device)
         return self.layers(x).float().square().mean()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1e-6)
 
 
-class _DrainAt(pl.Callback):
-    """Synchronizes before step ``step`` starts: the empty queue that opening a window under nsys leaves."""
+class _Batches(torch.utils.data.Dataset):
+    """Ready-made batches of 4096 rows: a fetch that costs the host next to nothing."""
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.zeros(4096, 1)
+
+
+class _DrainAfter(pl.Callback):
+    """Synchronizes at the end of the step before ``step``: the empty queue that opening a window under nsys leaves.
+    (Step ``step``'s window opens at its fetch, before any hook of that step.)"""
 
     def __init__(self, step: int) -> None:
         self.step = step
 
-    def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
-        if trainer.global_step == self.step:
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step:  # counted up already: the step before ``step`` just ended
             torch.cuda.synchronize()
 
 
@@ -589,35 +646,33 @@ def test_gpu_window_after_a_drained_queue_reports_the_gpus_rate_not_the_hosts(tm
     # The reference: the same step timed on its own, with the queue drained around each one (after warm-up steps).
     model = _MatmulChain().cuda()
     opt = model.configure_optimizers()
-    batch = [torch.zeros(4096, 1)]
     times = []
     for _ in range(7):
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        model.training_step(batch, 0).backward()
+        model.training_step(torch.zeros(4096, 1), 0).backward()
         opt.step()
         opt.zero_grad()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
     alone = sorted(times[2:])[2]
-    # The drain runs before the window opens (callbacks run in list order): from there the host runs ahead.
     window = ProfilerWindow(start_step=4, num_steps=6)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4096 * 20, 1)), batch_size=4096)
+    loader = torch.utils.data.DataLoader(_Batches(), batch_size=None)
     trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=12, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
-                         callbacks=[_DrainAt(4), window])  # fmt: skip
+                         callbacks=[_DrainAfter(4), window])  # fmt: skip
     trainer.fit(model, loader)
     (report,) = window.reports
     print("\n".join(step_report.summary_lines(report)), f"\nthe step alone: {alone:.2f} ms")
     o = report["overall"]
+    assert [s["step"] for s in report["ranks"][0]["steps"]] == list(range(4, 10))
     assert o["clock"] == "gpu"
     assert o["host_step_ms"] < 0.5 * o["step_ms"], "the host did not run ahead: the test's premise failed"
     assert o["step_ms"] == pytest.approx(alone, rel=0.2)
     assert o["images_per_s"] == pytest.approx(4096 / (alone / 1000), rel=0.2)
     assert report["ranks"][0]["stats"]["host_images_per_s"] > 1.5 * o["images_per_s"]
-    # The host's collate of 4096 rows took 43% of its step on an H200, with the GPU busy on the steps queued before.
     assert o["data_pct"] < 5 and "input-bound" not in report["verdict"]
 
 
