@@ -68,9 +68,9 @@ def rank_stats(summary: dict) -> dict:
     images = [s.get("images") for s in steps]
     out["images"] = sum(images) if steps and None not in images else None
     # Images/s and the median step on the GPU's clock when it timed every step. The host's clock is short of the
-    # GPU's when the host ran ahead: opening a window under nsys drains the GPU's queue, and
-    # the host of a GPU-bound run then enqueues the window's steps faster than the GPU runs them (on an H200 a
-    # compiled ResNet-50 enqueued 11 ms steps that took the GPU 37 ms). Otherwise the two agree.
+    # GPU's when the host ran ahead: opening a window under nsys drains the GPU's queue, and the host of a GPU-bound
+    # run then enqueues the window's steps faster than the GPU runs them (on an H200 a compiled ResNet-50 enqueued
+    # 10 ms steps that took the GPU 37.6 ms). Otherwise the two agree.
     clock = "gpu" if "gpu" in clocks and summary.get("gpu_wall_ms") else "host"
     out["clock"] = clock if steps else None
     host_wall = summary.get("wall_ms") or 0.0
