@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 
 from trace_summary import PHASES
 
@@ -59,15 +60,18 @@ def markdown(report: dict) -> str:
             cells = " | ".join(f"{m[p]:.3f}" for p in (*PHASES, "total"))
             out.append(f"| {r['rank']} | {clock} | {cells} | {'' if h2d is None else f'{h2d:.3f}'} |")
     if report["world_size"] > 1:
-        head = "| rank | img/s | step ms | data+optimizer+other ms | data % | GPU busy | straggler |"
-        out += ["", "## Ranks", "", head, "|---|---|---|---|---|---|---|"]
+        clock = o.get("clock") or "host"
+        head = (f"| rank | img/s ({clock} clock) | step ms ({clock}) | data+optimizer+other ms | data wait % | "
+                "host data ms | GPU busy | straggler |")  # fmt: skip
+        out += ["", "## Ranks", "", head, "|---|---|---|---|---|---|---|---|"]
         slow = {s["rank"]: s for s in report["stragglers"]}
         for r in report["ranks"]:
             s = r["stats"]
             flag = f"+{slow[r['rank']]['excess_pct']}% ({slow[r['rank']]['phase']})" if r["rank"] in slow else ""
             busy = f"{100 * r['gpu_busy']:.1f}%" if r.get("gpu_busy") is not None else "n/a"
+            host_data = "n/a" if s.get("host_data_ms") is None else s["host_data_ms"]
             out.append(f"| {r['rank']} | {s['images_per_s']} | {s['step_ms']} | {s['unsynced_ms']} | "
-                       f"{s['data_pct']} | {busy} | {flag} |")  # fmt: skip
+                       f"{s['data_pct']} | {host_data} | {busy} | {flag} |")  # fmt: skip
     out += ["", "## Steps (ms)", "", "| rank | step | images | clock | " + " | ".join(PHASES) + " | step | h2d |",
             "|" + "---|" * (len(PHASES) + 6)]  # fmt: skip
     for r in report["ranks"]:
@@ -85,6 +89,12 @@ def markdown(report: dict) -> str:
 
 
 MEASURED = (
+    "Images/s and the median step are on the GPU's clock when CUDA events (or a Kineto trace) timed every step: the "
+    "window from its first step's start to its last step's end as the GPU ran them. Opening a window under nsys "
+    "drains the GPU's queue, and the host of a GPU-bound run then enqueues steps faster than the GPU runs them, so "
+    "the host's clock would overstate the rate; the host's median step is given beside. The data wait is what the "
+    "GPU idled through: per step the smaller of the host's and the GPU's `data` time (from a trace alone, the "
+    "host's); the host's own wait is listed apart. "
     "Phases follow the NVTX ranges of each step: `data` (loader hand-off and issuing the next batch's copy), "
     "`forward`, `backward`, `optimizer`, `other` (the rest of the step). Host times are `perf_counter` at the range "
     "boundaries. GPU times from CUDA events at the same boundaries on the compute stream (recorded inside the window "
@@ -126,20 +136,25 @@ def render_png(report: dict, max_ranks: int = 8) -> bytes:
                        [f"{r['rank']}{'*' if r['rank'] in slow else ''}" for r in timed],
                        [r["stats"][clock]["median_ms"] for r in timed],
                        [r["stats"]["h2d_ms"] for r in timed]))  # fmt: skip
-    width, panel_h, top = 960, 190, 80
+    verdict_lines = textwrap.wrap(report["verdict"], 150) or [""]
+    width, panel_h = 960, 190
+    legend = 20 + 14 * len(verdict_lines) + 10
+    top = legend + 36
     image = Image.new("RGB", (width, top + panel_h * len(panels) + 10), "white")
     draw = ImageDraw.Draw(image)
     font = ImageFont.load_default()
     w = report["window"]
-    ips = report["overall"]["images_per_s"]
-    head = f"step report, steps {w[0]}-{w[1]}, {report['world_size']} rank(s), {ips or 'n/a'} img/s"
+    o = report["overall"]
+    head = (f"step report, steps {w[0]}-{w[1]}, {report['world_size']} rank(s), {o['images_per_s'] or 'n/a'} img/s "
+            f"({o.get('clock') or 'host'} clock)")  # fmt: skip
     draw.text((10, 4), head, fill="black", font=font)
-    draw.text((10, 20), report["verdict"][:170], fill="black", font=font)
+    for i, line in enumerate(verdict_lines):
+        draw.text((10, 20 + 14 * i), line, fill="black", font=font)
     x = 10
     for name in (*PHASES, "h2d"):
-        draw.rectangle([x, 44, x + 12, 56], fill=colors[name])
+        draw.rectangle([x, legend, x + 12, legend + 12], fill=colors[name])
         label = "h2d (side stream)" if name == "h2d" else name
-        draw.text((x + 16, 44), label, fill="black", font=font)
+        draw.text((x + 16, legend), label, fill="black", font=font)
         x += 30 + int(draw.textlength(label, font=font))
     for n, (title, labels, values, h2d) in enumerate(panels):
         y0 = top + n * panel_h

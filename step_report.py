@@ -82,19 +82,22 @@ def rank_stats(summary: dict) -> dict:
     out["images_per_s"], out["host_images_per_s"] = rate(wall), rate(host_wall)
     out["step_ms"] = out[clock]["median_ms"]["total"] if steps else None
     out["host_step_ms"] = out["host"]["median_ms"]["total"] if steps else None
-    out["data_pct"] = None
-    if steps and clock == "gpu":
-        # The wait that held the GPU up: the host waited for its batch and the GPU idled meanwhile. A host that runs
-        # ahead also waits for batches, with the GPU still busy on the steps it queued before (on an H200 a loader
-        # took 43% of such a host's step while the GPU was busy 100%: not an input-bound run). A Kineto-only
-        # summary's GPU data time is the gap before a step's first kernel: under gradient accumulation the later
-        # micro-batches' fetches are not in it, so there this can read low (the events time every fetch).
+    # The data wait that held the GPU up: per step, the host waited for its batch and the GPU idled meanwhile (the
+    # smaller of the two clocks' data times). A host that runs ahead also waits for batches, with the GPU still busy
+    # on the steps it queued before (on an H200 a loader took 43% of such a host's step while the GPU was busy 100%:
+    # not an input-bound run). Events time every fetch; a Kineto trace's GPU data time is only the gap before a
+    # step's first kernel (under gradient accumulation the later fetches are not in it), so a trace-only summary
+    # keeps the host's data time.
+    data_clock = "gpu" if "gpu" in clocks and summary.get("source") != "kineto" else "host"
+    out["data_clock"] = data_clock if steps else None
+    out["data_pct"] = out["host"]["pct"]["data"] if steps else None
+    out["host_data_ms"] = out["host"]["mean_ms"]["data"] if steps else None
+    out["host_data_pct"] = None  # the host's own wait, as a share of the step on the rate's clock
+    if steps and data_clock == "gpu":
         waited = statistics.fmean(min(s["host"]["data"], s["gpu"]["data"]) for s in steps)
         total = out["gpu"]["mean_ms"]["total"]
         out["data_pct"] = round(100 * waited / total, 2) if total > 0 else 0.0
-    elif steps:
-        out["data_pct"] = out["host"]["pct"]["data"]
-    out["host_data_pct"] = out["host"]["pct"]["data"] if steps else None
+        out["host_data_pct"] = round(100 * out["host_data_ms"] / total, 2) if total > 0 else 0.0
     out["unsynced_ms"] = (
         round(statistics.median(sum(s[clocks[-1]][p] for p in UNSYNCED) for s in steps), 4) if steps else None
     )
@@ -175,7 +178,11 @@ def build_report(summaries: Sequence[dict]) -> dict:
     host_ms = [r["stats"]["host_step_ms"] for r in ranks if r["stats"]["host_step_ms"] is not None]
     data_by_rank = [(r["stats"]["data_pct"], r["rank"]) for r in ranks if r["stats"]["data_pct"] is not None]
     data = [pct for pct, _ in data_by_rank]
-    host_data = [r["stats"]["host_data_pct"] for r in ranks if r["stats"].get("host_data_pct") is not None]
+    host_data = [
+        (r["stats"]["host_data_pct"], r["stats"]["host_data_ms"], r["rank"])
+        for r in ranks
+        if r["stats"].get("host_data_pct") is not None
+    ]
     overall = {
         "world_size": len(ranks),
         "images_per_s": round(sum(ips), 2) if ips and None not in ips else None,
@@ -186,7 +193,10 @@ def build_report(summaries: Sequence[dict]) -> dict:
         "data_pct": round(statistics.fmean(data), 2) if data else None,
         "data_pct_max": max(data) if data else None,
         "data_pct_max_rank": max(data_by_rank)[1] if data else None,
-        "host_data_pct": round(statistics.fmean(host_data), 2) if host_data else None,
+        # The largest host-side data wait of the ranks whose GPU did not idle through it (see rank_stats).
+        "host_data_pct_max": max(host_data)[0] if host_data else None,
+        "host_data_ms_max": max(host_data)[1] if host_data else None,
+        "host_data_pct_max_rank": max(host_data)[2] if host_data else None,
         "gpu_busy": round(statistics.fmean(busy), 4) if busy else None,
         "gpu_busy_source": "/".join(sorted({r["gpu_busy_source"] for r in ranks if r.get("gpu_busy_source")})) or None,
         "cuda": any(r.get("device", "").startswith("cuda") for r in ranks),
@@ -281,8 +291,8 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
         # nsys on an H200: the decode thread's calls held the training thread's launches up (bench/RESULTS.md,
         # fourth and fifth sessions); the workers take files off it.
         remedy = (
-            "the GPU decode path's per-image host work competes with the launches: raise data.cpu_decode_share "
-            f"while CPU cores are free, or data.decode cpu on a pre-resized copy (resize_dataset.py); else {remedy}"
+            "most likely the GPU decode's per-image host work: raise data.cpu_decode_share while CPU cores are free, "
+            f"or data.decode cpu on a resize_dataset.py copy; else {remedy}"
         )
     if input_ok and overall.get("cuda"):
         if busy is not None and overall.get("gpu_busy_source") == "kineto" and busy < BUSY_OK:
@@ -310,10 +320,14 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
         )
     if input_ok:
         data_text = "" if data is None else f"data wait {'0' if data < 0.05 else f'{data:.1f}'}%"
-        host_data = overall.get("host_data_pct")
-        if data is not None and host_data is not None and host_data > DATA_WAIT_PCT and overall.get("clock") == "gpu":
+        host_data = overall.get("host_data_pct_max")
+        if data is not None and host_data is not None and host_data > DATA_WAIT_PCT:
             # Not a stall of the GPU, but the loader is where a host that stops running ahead would wait first.
-            data_text += f" (the host waited {host_data:.1f}% of its step, while the GPU ran steps queued before)"
+            rank = f" on rank {overall['host_data_pct_max_rank']}" if overall.get("world_size", 1) > 1 else ""
+            data_text += (
+                f" (the host waited {overall['host_data_ms_max']:.1f} ms a step{rank} for its batches, "
+                f"{host_data:.1f}% of the step, while the GPU ran steps it had queued)"
+            )
         if not overall.get("cuda"):
             head = f"CPU run: GPU times and copy overlap unavailable; {data_text}"
         elif copies is None and overall.get("input") == "other":
@@ -344,23 +358,19 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
 
 
 def gpu_bound_note(overall: dict) -> str:
-    """The verdict's note on a GPU-bound window: the levers left, the input's share of the GPU's work (the JPEG decode
-    under ``data.decode: gpu``), then the kernels, by how the model is compiled."""
-    head = "GPU-bound: the GPU's work sets the pace"
-    if overall.get("input") == "gpu-decode":
-        # The decode and the crops run on the GPU beside the step. On an H200's 16 cores a pre-resized copy read by
-        # the workers fed compiled ResNet-50 at 0.981 of synthetic where the split decode gave 0.840 (bench/RESULTS.md,
-        # tenth session); 0.740-0.866 on other machines (thirteenth): it depends on the cores.
-        head += (
-            ", the JPEG decode included (data.decode gpu): data.cpu_decode_share, or data.decode cpu on a pre-resized "
-            "copy (resize_dataset.py), moves it to free CPU cores"
-        )
+    """The verdict's note on a GPU-bound window: the lever left is the kernels, by how the model is compiled."""
     if overall.get("compile_tuned"):
-        return f"{head} (the model is compiled and its kernels tuned)"
+        return "GPU-bound: the GPU's work sets the pace (the model is compiled and its kernels tuned)"
     if overall.get("compiled"):
         # ResNet-50 bf16 under reduce-overhead on an H200: 1.047 side by side (bench/RESULTS.md, twelfth session).
-        return f"{head}; for a long run, model.compile_tuning true (coordinate-descent tuning of the compiled kernels)"
-    return f"{head}; faster kernels: model.compile reduce-overhead (and model.compile_tuning true for a long run)"
+        return (
+            "GPU-bound: the GPU's work sets the pace; for a long run, model.compile_tuning true (coordinate-descent "
+            "tuning of the compiled kernels)"
+        )
+    return (
+        "GPU-bound: the GPU's work sets the pace; faster kernels: model.compile reduce-overhead (and "
+        "model.compile_tuning true for a long run)"
+    )
 
 
 # --- output ------------------------------------------------------------------------------------------------------
