@@ -92,7 +92,7 @@ def rank_stats(summary: dict) -> dict:
     out["data_clock"] = data_clock if steps else None
     out["data_pct"] = out["host"]["pct"]["data"] if steps else None
     out["host_data_ms"] = out["host"]["mean_ms"]["data"] if steps else None
-    out["host_data_pct"] = None  # the host's own wait, as a share of the step on the rate's clock
+    out["host_data_pct"] = None  # the host's own wait, as a share of the GPU's mean step (events only)
     if steps and data_clock == "gpu":
         waited = statistics.fmean(min(s["host"]["data"], s["gpu"]["data"]) for s in steps)
         total = out["gpu"]["mean_ms"]["total"]
@@ -193,7 +193,7 @@ def build_report(summaries: Sequence[dict]) -> dict:
         "data_pct": round(statistics.fmean(data), 2) if data else None,
         "data_pct_max": max(data) if data else None,
         "data_pct_max_rank": max(data_by_rank)[1] if data else None,
-        # The largest host-side data wait of the ranks whose GPU did not idle through it (see rank_stats).
+        # The largest host-side data wait, in % of the GPU's step, of the ranks timed by events (see rank_stats).
         "host_data_pct_max": max(host_data)[0] if host_data else None,
         "host_data_ms_max": max(host_data)[1] if host_data else None,
         "host_data_pct_max_rank": max(host_data)[2] if host_data else None,
