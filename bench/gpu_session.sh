@@ -61,6 +61,12 @@ jpegs() {
     --train-per-class "$pc" --val-per-class 4 > "$out/jpegs.txt" && mv "$data.partial" "$data"; }
 }
 table() { grep -v "^app\|^raw" "$1"; }
+# train.py's arguments for COMPILE=MODE[:tuned] (none when COMPILE is unset or empty).
+compile_args() {
+  [ -n "${COMPILE:-}" ] && echo --model.compile "${COMPILE%:tuned}"
+  [[ ${COMPILE:-} == *:tuned ]] && echo --model.compile_tuning true
+  return 0
+}
 # The folder's copy at short side $1 (resize_dataset.py resumes an interrupted copy and refuses other options).
 resized() {
   python3 resize_dataset.py "$data" "${data}_$1" --short-side "$1" --workers "$(nproc)" > "$out/resize_$1.txt" 2>&1 \
@@ -133,8 +139,7 @@ for stage in "$@"; do
     else jpegs; root=$data; if [ -n "${SIDE:-}" ]; then resized "$SIDE" || continue; root=${data}_$SIDE; fi
       input=(--config configs/resnet50_imagenet.yaml --data.root "$root" --data.workers $(($(nproc) / n))
       --data.decode "${DECODE:-gpu}" --data.cpu_decode_share "${SHARE:-0}"); fi
-    [ -n "${COMPILE:-}" ] && input+=(--model.compile "${COMPILE%:tuned}")
-    [[ ${COMPILE:-} == *:tuned ]] && input+=(--model.compile_tuning true)
+    input+=($(compile_args))
     timeout "$limit" python3 train.py "${input[@]}" --data.batch_size 256 --trainer.devices "$n" \
       --trainer.precision "${PRECISION:-bf16-mixed}" --trainer.max_steps 40 --trainer.enable_progress_bar false \
       --trainer.default_root_dir "/tmp/${stage}_run" --trainer.logger.init_args.save_dir "/tmp/${stage}_run" \
@@ -143,8 +148,7 @@ for stage in "$@"; do
     cp -r "$(ls -dt /tmp/"${stage}"_run/*/version_*/step_report | head -1)" "$out/${stage}_step_report" ;;
   report-nsys)
     input=(--config configs/resnet50_synthetic.yaml)
-    [ -n "${COMPILE:-}" ] && input+=(--model.compile "${COMPILE%:tuned}")
-    [[ ${COMPILE:-} == *:tuned ]] && input+=(--model.compile_tuning true)
+    input+=($(compile_args))
     flags=(-s none -t cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=stop --force-overwrite true)
     case ${COMPILE:-} in reduce-overhead*|max-autotune|max-autotune:tuned) flags+=(--cuda-graph-trace=node) ;; esac
     rm -f /tmp/report_nsys.nsys-rep /tmp/report_nsys_cuda_gpu_kern_sum.csv  # never read an earlier run's
