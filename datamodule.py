@@ -1,9 +1,10 @@
 """ImageNet-layout data for Lightning: ImageFolder splits, ``fast_collate`` to uint8 NCHW, device-side normalization.
 
-Workers decode and augment with PIL and hand over uint8 batches (no ``ToTensor``: a float32 batch is four times the
-bytes to pin and copy). The ``DevicePrefetcher`` (prefetcher.py) copies the next batch to the GPU on a side stream
-and normalizes it there while the current one computes. ``source: synthetic`` replaces all of it with a fixed batch
-on the device; ``source: generated`` trains on a small dataset this project draws itself (shapes_dataset.py).
+Workers decode and augment (``data.cpu_decoder``: torchvision's decoder on uint8 tensors, or PIL) and hand over uint8
+batches (no ``ToTensor``: a float32 batch is four times the bytes to pin and copy). The ``DevicePrefetcher``
+(prefetcher.py) copies the next batch to the GPU on a side stream and normalizes it there while the current one
+computes. ``source: synthetic`` replaces all of it with a fixed batch on the device; ``source: generated`` trains on a
+small dataset this project draws itself (shapes_dataset.py).
 
 **Exact resume in the middle of an epoch.** Lightning 2.6 restores its loop counters from a checkpoint but starts the
 epoch's data loader from the beginning again (unless the loader is "stateful"), so a run resumed from a mid-epoch
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import weakref
 from collections.abc import Iterator, Sequence
@@ -39,6 +41,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchvision import datasets, transforms
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+import cpu_decode
 import shapes_dataset
 from callbacks.preemption import WorkerSignalShield
 from gpu_decode import NVJPEG_BINDINGS, EncodedSampleLoader, decode_batch, encoded_collate
@@ -60,30 +63,58 @@ except ImportError:  # pragma: no cover
 
 
 def fast_collate(batch: Sequence[tuple[Any, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stacks PIL images (or HWC uint8 arrays) into one uint8 NCHW tensor, and targets into int64.
+    """Stacks PIL images, HWC uint8 arrays or ``(3, H, W)`` uint8 tensors (``data.cpu_decoder: torchvision``, which
+    also passes PIL images through for files other than plain JPEGs) into one uint8 NCHW tensor, and targets into
+    int64.
 
     Grayscale images (PIL mode ``L`` or 2-D arrays) are broadcast to three channels. All images must share one size,
-    which the crop transforms guarantee.
+    which the crop transforms guarantee. In a loader worker the batch is allocated in shared memory, as torch's default
+    collate does, so that sending it to the main process does not copy it there first.
 
     Returns:
         ``(images, targets)``: ``images`` is ``uint8`` of shape ``(N, 3, H, W)``, contiguous; ``targets`` is ``int64``.
     """
     targets = torch.tensor([target for _, target in batch], dtype=torch.int64)
-    arrays = [np.asarray(image, dtype=np.uint8) for image, _ in batch]
-    height, width = arrays[0].shape[:2]
-    images = torch.empty((len(arrays), 3, height, width), dtype=torch.uint8)
-    # Written through a NumPy view of the batch: the arrays of PIL images are read-only, and torch.from_numpy on
-    # them warns (non-writable tensor) in every worker.
-    out = images.numpy()
-    for i, array in enumerate(arrays):
-        if array.shape[:2] != (height, width):
+    images = out = None
+    height = width = 0
+    for i, (image, _) in enumerate(batch):
+        if isinstance(image, torch.Tensor):
+            array, size = None, tuple(image.shape[-2:])
+            if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] != 3:
+                raise ValueError(
+                    f"fast_collate: image {i} is a {image.dtype} tensor of shape {tuple(image.shape)}; tensor images "
+                    "must be (3, H, W) uint8"
+                )
+        else:
+            array = np.asarray(image, dtype=np.uint8)
+            size = array.shape[:2]
+        if images is None:
+            height, width = size
+            images = _batch_buffer((len(batch), 3, height, width))
+            # Written through a NumPy view of the batch: the arrays of PIL images are read-only, and torch.from_numpy
+            # on them warns (non-writable tensor) in every worker.
+            out = images.numpy()
+        if size != (height, width):
             raise ValueError(
-                f"fast_collate: image {i} is {array.shape[1]}x{array.shape[0]}, the first is {width}x{height}; "
-                "all images of a batch must have one size (crop them first)"
+                f"fast_collate: image {i} is {size[1]}x{size[0]}, the first is {width}x{height}; all images of a "
+                "batch must have one size (crop them first)"
             )
-        # HWC -> CHW; a single gray channel (2-D array) broadcasts over the three.
-        out[i] = array if array.ndim == 2 else array[:, :, :3].transpose(2, 0, 1)
+        if array is None:
+            images[i].copy_(image)
+        else:
+            # HWC -> CHW; a single gray channel (2-D array) broadcasts over the three.
+            out[i] = array if array.ndim == 2 else array[:, :, :3].transpose(2, 0, 1)
+    assert images is not None, "fast_collate: an empty batch"
     return images, targets
+
+
+def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialized uint8 tensor for a batch; in a loader worker in shared memory, as torch's default collate
+    allocates it, so that sending the batch to the main process does not copy it there first."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape))
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
 
 
 class ShardSampler(Sampler[int]):
@@ -264,12 +295,12 @@ class ImageNetDataModule(pl.LightningDataModule):
         synthetic_num_classes: Number of classes with ``source: synthetic``.
         synthetic_train_steps: Batches per training epoch with ``source: synthetic``.
         synthetic_val_steps: Batches per validation run with ``source: synthetic``.
-        decode: Where JPEGs are decoded: ``cpu`` (PIL in the workers) or ``gpu`` (the workers only read files and
-            draw the crop; nvJPEG decodes and the GPU crops, resizes and flips on the prefetcher's side stream;
-            see gpu_decode.py). ``gpu`` on a CPU-only run falls back to ``cpu`` with a warning.
-        cpu_decode_share: With ``decode: gpu``, the share of the files (a fixed set, chosen by a hash of the path)
-            that the workers still decode and crop with PIL, as ``decode: cpu`` would; the GPU path takes the rest. The
-            GPU path's per-image host work runs in the training process, PIL's in the worker processes: a share that
+        decode: Where JPEGs are decoded: ``cpu`` (in the workers, by ``cpu_decoder``) or ``gpu`` (the workers only read
+            files and draw the crop; nvJPEG decodes and the GPU crops, resizes and flips on the prefetcher's side
+            stream; see gpu_decode.py). ``gpu`` on a CPU-only run falls back to ``cpu`` with a warning.
+        cpu_decode_share: With ``decode: gpu``, the share of the files (a fixed set, chosen by a hash of the path) that
+            the workers still decode and crop, as ``decode: cpu`` would (by ``cpu_decoder``); the GPU path takes the
+            rest. The GPU path's per-image host work runs in the training process, the workers' in theirs: a share that
             keeps both busy feeds the GPU best (README, "Feeding the GPU"). 0 sends every JPEG to the GPU path.
         nvjpeg: With ``decode: gpu``, how nvJPEG is called: ``torchvision`` (``torchvision.io.decode_jpeg``) or
             ``preallocated`` (nvjpeg_batched.py: its own handle on the hardware decoder, buffers sized once for the
@@ -277,6 +308,12 @@ class ImageNetDataModule(pl.LightningDataModule):
             ``preallocated`` falls back to torchvision, with a warning, where the GPU has no JPEG hardware decoder, and
             for the JPEGs that decoder does not take (progressive ones). Off by default: in training on an H200 it was
             not measurably faster (README).
+        cpu_decoder: What decodes and crops the images the workers decode (all of them with ``decode: cpu``, the
+            ``cpu_decode_share`` with ``decode: gpu``): ``torchvision`` (uint8 tensors: ``torchvision.io.decode_jpeg``,
+            libjpeg-turbo as PIL, and torch's vectorized antialiased resize; the same boxes and flips, pixels within
+            one level of PIL's; files other than plain JPEGs still go through PIL; see cpu_decode.py)
+            or ``pil`` (PIL images, as the original). On an H200 machine's 16 cores ``torchvision`` fed compiled
+            ResNet-50 at 0.989 of synthetic data from a pre-resized copy, where ``pil`` reached 0.685 (README).
         on_bad_image: An image file that cannot be decoded (truncated, empty, not an image, unreadable): ``error``
             stops the run with a message naming the file; ``skip`` replaces the sample with the next image that
             loads, warns once per file and counts them (logged per epoch as ``train_bad_images``/``val_bad_images``).
@@ -301,6 +338,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         decode: Literal["cpu", "gpu"] = "cpu",
         cpu_decode_share: float = 0.0,
         nvjpeg: Literal["torchvision", "preallocated"] = "torchvision",
+        cpu_decoder: Literal["pil", "torchvision"] = "torchvision",
         on_bad_image: Literal["error", "skip"] = "error",
         seed: int = 0,
     ) -> None:
@@ -325,7 +363,8 @@ class ImageNetDataModule(pl.LightningDataModule):
             raise ValueError("data.synthetic_* and data.prefetch_factor must be >= 1")
         if not 0.0 <= cpu_decode_share <= 1.0:
             raise ValueError(
-                f"data.cpu_decode_share must be in [0, 1] (the share of files PIL decodes), got {cpu_decode_share}"
+                f"data.cpu_decode_share must be in [0, 1] (the share of files the workers decode), got "
+                f"{cpu_decode_share}"
             )
         if cpu_decode_share > 0.0 and decode != "gpu":
             raise ValueError(
@@ -336,6 +375,10 @@ class ImageNetDataModule(pl.LightningDataModule):
             raise ValueError(f"data.nvjpeg must be one of {', '.join(NVJPEG_BINDINGS)}, got {nvjpeg!r}")
         if nvjpeg != "torchvision" and decode != "gpu":
             raise ValueError(f"data.nvjpeg: {nvjpeg} chooses how data.decode: gpu calls nvJPEG; set data.decode: gpu")
+        if cpu_decoder not in cpu_decode.CPU_DECODERS:
+            raise ValueError(
+                f"data.cpu_decoder must be one of {', '.join(cpu_decode.CPU_DECODERS)}, got {cpu_decoder!r}"
+            )
         if on_bad_image not in ("error", "skip"):
             raise ValueError(f"data.on_bad_image must be 'error' or 'skip', got {on_bad_image!r}")
         self.save_hyperparameters()
@@ -396,35 +439,57 @@ class ImageNetDataModule(pl.LightningDataModule):
         self.gpu_decode = h.decode == "gpu" and self._device().type == "cuda"
         if h.decode == "gpu" and not self.gpu_decode:
             rank_zero_warn(
-                f"data.decode: gpu needs a CUDA device, this run is on {self._device().type}; decoding with PIL"
+                f"data.decode: gpu needs a CUDA device, this run is on {self._device().type}; decoding in the workers "
+                f"(data.cpu_decoder {h.cpu_decoder})"
             )
         # JPEGs at least twice as large as any crop needs are decoded at a reduced size that loses nothing.
-        pil_loader = ImageLoader(draft_min_side=min_decode_side(h.crop_size, h.min_crop_scale, h.val_resize_size))
-        normalize_free_train = transforms.Compose(
-            [
-                transforms.RandomResizedCrop(h.crop_size, scale=(h.min_crop_scale, 1.0)),
-                transforms.RandomHorizontalFlip(),
-            ]
-        )
-        normalize_free_val = transforms.Compose(
-            [transforms.Resize(h.val_resize_size), transforms.CenterCrop(h.val_crop_size)]
-        )
+        draft = min_decode_side(h.crop_size, h.min_crop_scale, h.val_resize_size)
+        pil_loader = ImageLoader(draft_min_side=draft)
+        if h.cpu_decoder == "torchvision":
+            cpu_loader: Any = cpu_decode.TensorImageLoader(draft_min_side=draft)
+            normalize_free_train: Any = cpu_decode.TrainTransform(h.crop_size, (h.min_crop_scale, 1.0))
+            normalize_free_val: Any = cpu_decode.ValTransform(h.val_resize_size, h.val_crop_size)
+        else:
+            cpu_loader = pil_loader
+            normalize_free_train = transforms.Compose(
+                [
+                    transforms.RandomResizedCrop(h.crop_size, scale=(h.min_crop_scale, 1.0)),
+                    transforms.RandomHorizontalFlip(),
+                ]
+            )
+            normalize_free_val = transforms.Compose(
+                [transforms.Resize(h.val_resize_size), transforms.CenterCrop(h.val_crop_size)]
+            )
         if self.gpu_decode:
             # The files of the CPU share are decoded and cropped by the very transforms of decode: cpu.
             share = h.cpu_decode_share
             if stage == "fit":
                 train_loader = EncodedSampleLoader(
-                    True, h.crop_size, h.min_crop_scale, h.val_resize_size, pil_loader, share, normalize_free_train
+                    True,
+                    h.crop_size,
+                    h.min_crop_scale,
+                    h.val_resize_size,
+                    pil_loader,
+                    share,
+                    normalize_free_train,
+                    cpu_loader,
                 )
                 self.train_set = self._image_folder("train", None, train_loader)
             val_loader = EncodedSampleLoader(
-                False, h.val_crop_size, h.min_crop_scale, h.val_resize_size, pil_loader, share, normalize_free_val
+                False,
+                h.val_crop_size,
+                h.min_crop_scale,
+                h.val_resize_size,
+                pil_loader,
+                share,
+                normalize_free_val,
+                cpu_loader,
             )
             self.val_set = self._image_folder("val", None, val_loader)
             return
         if stage == "fit":
-            self.train_set = self._image_folder("train", normalize_free_train, pil_loader)
-        self.val_set = self._image_folder("val", normalize_free_val, pil_loader)
+            self.train_set = self._image_folder("train", normalize_free_train, cpu_loader)
+        self.val_set = self._image_folder("val", normalize_free_val, cpu_loader)
 
     def _image_folder(self, split: str, transform: Any, loader: Any) -> BadImagePolicy:
         folder = self.root / split

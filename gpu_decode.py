@@ -74,6 +74,8 @@ import torch.nn.functional as F
 from PIL import Image
 from torchvision import transforms
 
+from image_loading import MAX_PIXELS, allow_pixels, plain_jpeg
+
 try:  # one C++ call (no GIL held) that flattens and concatenates a list of tensors, as DDP's bucketing does
     from torch._utils import _flatten_dense_tensors
 except ImportError:  # pragma: no cover
@@ -81,9 +83,6 @@ except ImportError:  # pragma: no cover
     def _flatten_dense_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.cat([t.reshape(-1) for t in tensors])
 
-
-#: EXIF tag of the orientation; anything but 1 needs a rotation nvJPEG does not apply.
-_ORIENTATION = 0x0112
 
 #: How ``data.nvjpeg`` may decode on CUDA: torchvision's binding, or :mod:`nvjpeg_batched` with buffers sized once.
 NVJPEG_BINDINGS = ("torchvision", "preallocated")
@@ -159,16 +158,6 @@ class PackedBatch(NamedTuple):
         return finished, samples
 
 
-def _gpu_decodable(image: Image.Image) -> bool:
-    if image.format != "JPEG" or image.mode not in ("RGB", "L"):
-        return False
-    try:
-        orientation = image.getexif().get(_ORIENTATION, 1)
-    except Exception:  # a broken EXIF block: let PIL decode and judge the file
-        return False
-    return orientation == 1
-
-
 def decoded_on_cpu(path: str, share: float) -> bool:
     """Whether the file at ``path`` is one of the ``share`` of files the workers decode: a hash of its class folder and
     file name below ``share``, so the choice is the same in every worker, rank, epoch and run, wherever the dataset is
@@ -196,8 +185,11 @@ class EncodedSampleLoader:
         min_crop_scale: Smallest area fraction of the RandomResizedCrop.
         resize_size: Validation resize of the short side.
         pil_loader: Decoder for the files nvJPEG should not get (returns an RGB PIL image).
-        cpu_share: Share of the files (by :func:`decoded_on_cpu`) that PIL decodes and ``cpu_transform`` crops here.
-        cpu_transform: The ``data.decode: cpu`` transform of this split, PIL image in, ``crop_size`` PIL image out.
+        cpu_share: Share of the files (by :func:`decoded_on_cpu`) that ``cpu_loader`` decodes and ``cpu_transform``
+            crops here.
+        cpu_transform: The ``data.decode: cpu`` transform of this split: ``cpu_loader``'s image in, ``crop_size``
+            image out (PIL, or a ``(3, H, W)`` uint8 tensor under ``data.cpu_decoder: torchvision``).
+        cpu_loader: The ``data.decode: cpu`` loader of the CPU share (default ``pil_loader``).
     """
 
     def __init__(
@@ -208,7 +200,8 @@ class EncodedSampleLoader:
         resize_size: int,
         pil_loader: Callable[[str], Image.Image],
         cpu_share: float = 0.0,
-        cpu_transform: Callable[[Image.Image], Image.Image] | None = None,
+        cpu_transform: Callable[[Any], Any] | None = None,
+        cpu_loader: Callable[[str], Any] | None = None,
     ) -> None:
         if not 0.0 <= cpu_share <= 1.0:
             raise ValueError(f"cpu_share must be in [0, 1], got {cpu_share}")
@@ -222,6 +215,7 @@ class EncodedSampleLoader:
         self.scale = (min_crop_scale, 1.0)
         self.ratio = (3.0 / 4.0, 4.0 / 3.0)
         self.pil_loader = pil_loader
+        self.cpu_loader = pil_loader if cpu_loader is None else cpu_loader
 
     def __call__(self, path: str) -> Encoded:
         if self.cpu_share and decoded_on_cpu(path, self.cpu_share):
@@ -229,12 +223,13 @@ class EncodedSampleLoader:
         try:
             with open(path, "rb") as f:
                 raw = f.read()
+            allow_pixels(MAX_PIXELS)  # as load_rgb does, before PIL reads a header
             header = Image.open(io.BytesIO(raw))  # parses the header only; no pixels are decoded here
         except Exception:  # unreadable or no image: the PIL loader raises BadImageError, naming the file and why
             header = None
         # A JPEG without its end-of-image marker last is truncated (or carries trailing bytes): PIL decodes and judges
         # it, so a truncated file is a BadImageError of its sample, not an nvJPEG error of the whole batch.
-        if header is not None and _gpu_decodable(header) and raw.endswith(b"\xff\xd9"):
+        if header is not None and plain_jpeg(header, raw):
             data, encoded = torch.frombuffer(bytearray(raw), dtype=torch.uint8), True
             width, height = header.size
         else:
@@ -250,15 +245,20 @@ class EncodedSampleLoader:
         return Encoded(data, encoded, tuple(int(v) for v in box), flip)
 
     def _finished(self, path: str) -> Encoded:
-        """The sample as ``data.decode: cpu`` makes it: PIL decode, then this split's crop (and flip) transform."""
+        """The sample as ``data.decode: cpu`` makes it: the CPU loader's decode, then this split's crop (and flip)."""
         assert self.cpu_transform is not None
-        image = self.cpu_transform(self.pil_loader(path))
-        if image.size != (self.crop_size, self.crop_size):
+        image = self.cpu_transform(self.cpu_loader(path))
+        if isinstance(image, torch.Tensor):
+            pixels = image.contiguous()
+            size = (pixels.shape[-1], pixels.shape[-2])
+        else:
+            pixels, size = None, image.size
+        if size != (self.crop_size, self.crop_size):
             raise ValueError(
-                f"{path}: the CPU transform gave {image.size[0]}x{image.size[1]}, the batch needs "
-                f"{self.crop_size}x{self.crop_size}"
+                f"{path}: the CPU transform gave {size[0]}x{size[1]}, the batch needs {self.crop_size}x{self.crop_size}"
             )
-        pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).contiguous()
+        if pixels is None:
+            pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).contiguous()
         return Encoded(pixels, False, (0, 0, self.crop_size, self.crop_size), False, finished=True)
 
 

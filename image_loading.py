@@ -161,6 +161,14 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+def allow_pixels(max_pixels: int) -> None:
+    """Raises PIL's process-wide decompression-bomb limit to ``max_pixels`` (never lowers a limit someone raised
+    further): ``Image.open`` reads it, so call this before opening any header, or PIL warns about or refuses images
+    the loader's own bound allows."""
+    if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < max_pixels:
+        Image.MAX_IMAGE_PIXELS = max_pixels
+
+
 def load_rgb(path: str, max_pixels: int = MAX_PIXELS, draft_min_side: int | None = None) -> Image.Image:
     """Decodes the image file ``path`` into an 8-bit RGB PIL image, upright according to its EXIF orientation.
 
@@ -180,9 +188,7 @@ def load_rgb(path: str, max_pixels: int = MAX_PIXELS, draft_min_side: int | None
             "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is on, so truncated files would load as gray-padded images instead "
             f"of failing; turn it off (it is off by default) to load {path}"
         )
-    # Image.open reads this process-wide limit; never lower a limit someone raised further.
-    if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < max_pixels:
-        Image.MAX_IMAGE_PIXELS = max_pixels
+    allow_pixels(max_pixels)
     try:
         with open(path, "rb") as f:
             # Up to max_pixels PIL neither warns nor refuses now; above it, the check below refuses the file (between
@@ -218,6 +224,27 @@ def load_rgb(path: str, max_pixels: int = MAX_PIXELS, draft_min_side: int | None
         # What PIL's plugins raise on malformed headers, EXIF data, palettes or compressed chunks. MemoryError is not
         # in the list: running out of memory is not the file's fault.
         raise BadImageError.for_file(path, f"{type(error).__name__}: {error}") from error
+
+
+#: EXIF tag of the orientation.
+_ORIENTATION = 0x0112
+
+
+def plain_jpeg(header: Image.Image, raw: bytes) -> bool:
+    """Whether a file that PIL opened as ``header`` (header only) from the bytes ``raw`` is a JPEG that a plain
+    libjpeg/nvJPEG decode to RGB turns into exactly what :func:`load_rgb` makes of it: a JPEG of three (YCbCr) or
+    one (gray) channels, upright (EXIF orientation 1 or none) and ending with its end-of-image marker.
+
+    Anything else (CMYK, rotated, truncated, trailing bytes, a broken EXIF block) is for :func:`load_rgb`, which
+    applies the module's rules or raises :class:`BadImageError` naming the file.
+    """
+    if header.format != "JPEG" or header.mode not in ("RGB", "L") or not raw.endswith(b"\xff\xd9"):
+        return False
+    try:
+        orientation = header.getexif().get(_ORIENTATION, 1)
+    except Exception:  # a broken EXIF block: let PIL decode and judge the file
+        return False
+    return orientation == 1
 
 
 def _unidentified_reason(path: str) -> str:

@@ -201,6 +201,7 @@ def build_report(summaries: Sequence[dict]) -> dict:
         "gpu_busy_source": "/".join(sorted({r["gpu_busy_source"] for r in ranks if r.get("gpu_busy_source")})) or None,
         "cuda": any(r.get("device", "").startswith("cuda") for r in ranks),
         "input": "/".join(sorted({r.get("input") or "unknown" for r in ranks})),
+        "cpu_decoder": "/".join(sorted({r["cpu_decoder"] for r in ranks if r.get("cpu_decoder")})) or None,
         "cuda_graphs": bool(ranks) and all(r.get("compile") in CUDA_GRAPH_MODES for r in ranks),
         "compiled": bool(ranks) and all(r.get("compile") for r in ranks),
         "compile_tuned": bool(ranks) and all(r.get("compile_tuning") or r.get("compile") in TUNED_MODES for r in ranks),
@@ -266,7 +267,10 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
         else:
             # Fewer pixels per file: on an H200's 16 cores PIL kept compiled ResNet-50 fed from a copy at short side 256
             # (0.981 of synthetic) where the original 300-500 px files gave 0.517 (bench/RESULTS.md, tenth session).
+            # On another such machine PIL fed 0.685 from the copy, the torchvision decoder 0.989 (fourteenth session).
             advice = "more data.workers, a pre-resized copy (resize_dataset.py) or data.decode gpu"
+            if overall.get("cpu_decoder") == "pil":
+                advice = f"data.cpu_decoder torchvision (1.2-1.3x PIL's rate), {advice}"
         findings.append(f"input-bound: data wait is {data:.1f}% of the step{where}; {advice}")
     overlapped = copies["overlap"] if copies else None
     # Hidden: overlapped, or run while the compute stream had nothing issued to run (then the host, not the copy, is

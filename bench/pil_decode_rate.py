@@ -1,19 +1,23 @@
-"""The CPU input path's cost per image, side by side on several folders: the app's PIL loader + RandomResizedCrop +
-flip (exactly ``data.decode: cpu``'s training transform) on one core.
+"""The CPU input path's cost per image, side by side on several folders and decoders: the app's loader and training
+transform (exactly ``data.decode: cpu``'s, RandomResizedCrop + flip) with ``data.cpu_decoder`` ``pil`` (PIL images)
+and ``torchvision`` (cpu_decode.py: uint8 tensors), on one core or on several at once.
 
     python bench/make_jpeg_folder.py /tmp/jpegs --classes 20 --train-per-class 50 --val-per-class 1
     python resize_dataset.py /tmp/jpegs /tmp/jpegs_256 --short-side 256
-    python bench/pil_decode_rate.py --data /tmp/jpegs /tmp/jpegs_256
+    python bench/pil_decode_rate.py --data /tmp/jpegs /tmp/jpegs_256 [--decoders pil torchvision] [--processes 14]
 
-The same sample of files (by relative path) in every folder, read once before timing so that the page cache serves
-them; the best of ``--repeats`` passes in this one process: images per second per core, and the ratio to the first
-folder. A data loader's workers add their own overhead (collation, the hand-off), so a training run's per-core rate is
-lower; the ratio is what carries over.
+The same sample of files (by relative path) in every folder, read once before timing so that the page cache serves them;
+the best of ``--repeats`` passes: images per second. ``--processes N`` runs N such processes at the same time (each with
+one thread, as a loader worker has, started together) and divides all the images they decoded by the time from the first
+start to the last end: what N workers could decode on this machine, where cores share caches, memory bandwidth and (with
+SMT) execution units, and the clock may drop under load. A data loader's workers add their own overhead (collation, the
+hand-off), so a training run's rate is lower; the ratios are what carry over.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import random
 import statistics
 import sys
@@ -25,16 +29,33 @@ from PIL import Image
 from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import cpu_decode  # noqa: E402
 from image_loading import ImageLoader, min_decode_side  # noqa: E402
 from resize_dataset import image_files  # noqa: E402
 
 
-def measure(paths: list[Path], crop: int, min_scale: float, val_resize: int, repeats: int) -> float:
+def measure(
+    paths: list[Path], crop: int, min_scale: float, val_resize: int, repeats: int, decoder: str = "pil"
+) -> float:
     """Images per second of one core through the app's loader and training transform (best of ``repeats``)."""
-    load = ImageLoader(draft_min_side=min_decode_side(crop, min_scale, val_resize))
-    train = transforms.Compose(
-        [transforms.RandomResizedCrop(crop, scale=(min_scale, 1.0)), transforms.RandomHorizontalFlip()]
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a loader worker
+    try:
+        return _measure(paths, crop, min_scale, val_resize, repeats, decoder)
+    finally:
+        torch.set_num_threads(threads)  # the caller's process as it was (tests run this in theirs)
+
+
+def _measure(paths: list[Path], crop: int, min_scale: float, val_resize: int, repeats: int, decoder: str) -> float:
+    draft = min_decode_side(crop, min_scale, val_resize)
+    if decoder == "torchvision":
+        load = cpu_decode.TensorImageLoader(draft_min_side=draft)
+        train = cpu_decode.TrainTransform(crop, (min_scale, 1.0))
+    else:
+        load = ImageLoader(draft_min_side=draft)
+        train = transforms.Compose(
+            [transforms.RandomResizedCrop(crop, scale=(min_scale, 1.0)), transforms.RandomHorizontalFlip()]
+        )
     torch.manual_seed(0)
     best = float("inf")
     for _ in range(repeats):
@@ -43,6 +64,28 @@ def measure(paths: list[Path], crop: int, min_scale: float, val_resize: int, rep
             train(load(str(path)))
         best = min(best, time.perf_counter() - start)
     return len(paths) / best
+
+
+def _measure_together(args: tuple) -> tuple[float, float]:
+    barrier, *rest = args
+    barrier.wait()  # every process starts at once, so they load the machine together
+    start = time.monotonic()  # one clock for all processes (CLOCK_MONOTONIC)
+    measure(*rest)
+    return start, time.monotonic()
+
+
+def measure_parallel(processes: int, paths: list[Path], *args: object) -> float:
+    """Images per second of ``processes`` simultaneous :func:`measure` runs (forked): every image they decoded over the
+    window from the first one's start to the last one's end, so that no process's rate counts time it ran alone."""
+    if processes == 1:
+        return measure(paths, *args)
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Manager().Barrier(processes)
+    with ctx.Pool(processes) as pool:
+        spans = pool.map(_measure_together, [(barrier, paths, *args)] * processes)
+    repeats = args[3]
+    window = max(end for _, end in spans) - min(start for start, _ in spans)
+    return processes * repeats * len(paths) / window
 
 
 def _pixels(path: Path) -> int:
@@ -58,7 +101,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--crop", type=int, default=224)
     p.add_argument("--min-crop-scale", type=float, default=0.08)
     p.add_argument("--val-resize", type=int, default=256)
+    p.add_argument("--decoders", nargs="+", default=["pil"], choices=cpu_decode.CPU_DECODERS)
+    p.add_argument("--processes", type=int, default=1, help="processes at once; their rates are added")
     a = p.parse_args(argv)
+    if a.processes < 1:
+        p.error(f"--processes must be >= 1, got {a.processes}")
     names = list(image_files(a.data[0], ("train",)))
     if not names:
         p.error(f"--data {a.data[0]}: no training images (train/<class>/*)")
@@ -72,12 +119,15 @@ def main(argv: list[str] | None = None) -> None:
         paths = [folder / n for n in sample]
         kb = statistics.fmean(len(path.read_bytes()) for path in paths) / 1024  # also: now in the page cache
         pixels = statistics.fmean(_pixels(path) for path in paths)
-        rate = measure(paths, a.crop, a.min_crop_scale, a.val_resize, a.repeats)
-        rows.append((folder, kb, pixels, rate))
-    print(f"| folder ({len(sample)} training files, one core) | KB per file | pixels per file | img/s | vs first |")
-    print("|---|---|---|---|---|")
-    for folder, kb, pixels, rate in rows:
-        print(f"| {folder} | {kb:.0f} | {pixels / 1000:.0f} k | {rate:.0f} | {rate / rows[0][3]:.2f} |")
+        for decoder in a.decoders:
+            rate = measure_parallel(a.processes, paths, a.crop, a.min_crop_scale, a.val_resize, a.repeats, decoder)
+            rows.append((folder, decoder, kb, pixels, rate))
+    cores = "one core" if a.processes == 1 else f"{a.processes} processes at once, all their images over the window"
+    head = f"folder ({len(sample)} training files, {cores})"
+    print(f"| {head} | decoder | KB per file | pixels per file | img/s | vs first |")
+    print("|---|---|---|---|---|---|")
+    for folder, decoder, kb, pixels, rate in rows:
+        print(f"| {folder} | {decoder} | {kb:.0f} | {pixels / 1000:.0f} k | {rate:.0f} | {rate / rows[0][4]:.2f} |")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,11 @@ Variants:
     app_nvtx       as app_synthetic with the profiling callback on and its window past the end: the cost of the
                    NVTX step/phase ranges outside the window
     app_folder     the app on a JPEG folder (--data): PIL decode + crop in the workers, the prefetcher's copy
+    app_folder_tv  the same with data.cpu_decoder=torchvision: torchvision's decode and torch's uint8 resize in the
+                   workers (cpu_decode.py) instead of PIL's
     app_folder_gpu the app on the same folder with data.decode=gpu: nvJPEG decode + crop/resize/flip on the GPU
     app_folder_gpu@S  the same with data.cpu_decode_share=S: the workers decode that share of the files with PIL
+                   (data.cpu_decoder=pil in every app_folder_gpu row, as the rows measured before that option)
     app_folder_gpu_pageable@S  the same, with the finished crops copied to the GPU from pageable memory as before
                    they were staged in page-locked memory (gpu_decode._staged bypassed): that change side by side
     app_folder_gpu_preallocated[@S]  app_folder_gpu[@S] with data.nvjpeg=preallocated (nvjpeg_batched.py's decoder)
@@ -76,6 +79,7 @@ VARIANTS = (
     "app_synthetic_foreach",
     "app_nvtx",
     "app_folder",
+    "app_folder_tv",
     "app_folder_gpu",
     "app_folder_gpu_pageable",
     "app_folder_gpu_preallocated",
@@ -258,6 +262,8 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         decode="gpu" if name.startswith("app_folder_gpu") else "cpu",
         cpu_decode_share=cpu_share,
         nvjpeg="preallocated" if name.endswith("_preallocated") else "torchvision",
+        # Explicit in every row: the rows before data.cpu_decoder decoded with PIL; app_folder_tv is the new decoder.
+        cpu_decoder="torchvision" if name == "app_folder_tv" else "pil",
     )
     model = ImageNetClassifier(
         arch=a.arch,

@@ -69,6 +69,7 @@ class StepTimer:
         self._input = "other"
         self._compile: str | None = None
         self._compile_tuning = False
+        self._cpu_decoder: str | None = None
         self._between: dict[int, list[str]] = {}  # step -> the work between it and the next step (epoch end, ...)
 
     # --- recording (inside the window only) ------------------------------------------------------------
@@ -87,6 +88,10 @@ class StepTimer:
         self._compile = mode if isinstance(mode, str) else None
         # Recorded beside the mode: a tuned and an untuned run of one mode differ by about 5% in speed.
         self._compile_tuning = self._compile is not None and hparams.get("compile_tuning") is True
+        # The workers' decoder (data.cpu_decoder): the advice for a CPU input stall names the faster one if unused.
+        data_hparams = getattr(getattr(trainer, "datamodule", None), "hparams", None) or {}
+        decoder = data_hparams.get("cpu_decoder")
+        self._cpu_decoder = decoder if isinstance(decoder, str) and self._input != "on-device" else None
         prefetchers = find_prefetchers(loaders)
         if prefetchers:
             # The verdict's advice differs: an input stall with the GPU decoding is GPU time, not CPU cores.
@@ -204,6 +209,7 @@ class StepTimer:
             "gpu_busy_source": None,
             "copies": None,
             "input": self._input,
+            "cpu_decoder": self._cpu_decoder,
             "compile": self._compile,
             "compile_tuning": self._compile_tuning,
         }

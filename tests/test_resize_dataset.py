@@ -240,7 +240,7 @@ def test_the_copy_trains_through_the_data_module(tmp_path: Path) -> None:
     assert data.num_classes == 2 and len(data.val_set) == 4
 
 
-def test_pil_decode_rate_prints_one_row_per_folder(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_pil_decode_rate_prints_one_row_per_folder_and_decoder(tmp_path: Path, capsys, monkeypatch) -> None:
     src = tmp_path / "src"
     for k in range(4):
         _jpeg(src / "train" / "a" / f"{k}.JPEG", _noise(400, 300))
@@ -249,9 +249,21 @@ def test_pil_decode_rate_prints_one_row_per_folder(tmp_path: Path, capsys, monke
     monkeypatch.setattr(sys, "argv", ["pil_decode_rate.py", "--data", str(src), str(dst), "--repeats", "1"])
     runpy.run_path(str(ROOT / "bench" / "pil_decode_rate.py"), run_name="__main__")
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {tmp_path}")]
-    assert [row.split(" | ")[0] for row in rows] == [f"| {src}", f"| {dst}"]
+    assert [row.split(" | ")[:2] for row in rows] == [[f"| {src}", "pil"], [f"| {dst}", "pil"]]
     assert rows[0].endswith("| 1.00 |")
-    assert rows[1].split(" | ")[2] == "22 k"  # 171 x 128 pixels per file, down from 120 k
+    assert rows[1].split(" | ")[3] == "22 k"  # 171 x 128 pixels per file, down from 120 k
+    # Both decoders, in two processes at once: one row per folder and decoder.
+    argv = ["--data", str(dst), "--decoders", "pil", "torchvision", "--processes", "2", "--repeats", "1"]
+    monkeypatch.setattr(sys, "argv", ["pil_decode_rate.py", *argv])
+    runpy.run_path(str(ROOT / "bench" / "pil_decode_rate.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "2 processes at once, all their images over the window" in out
+    rows = [line.split(" | ")[:2] for line in out.splitlines() if line.startswith(f"| {tmp_path}")]
+    assert rows == [[f"| {dst}", "pil"], [f"| {dst}", "torchvision"]]
+    monkeypatch.setattr(sys, "argv", ["pil_decode_rate.py", "--data", str(dst), "--processes", "0"])
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(ROOT / "bench" / "pil_decode_rate.py"), run_name="__main__")
+    assert "--processes must be >= 1, got 0" in capsys.readouterr().err
     (dst / "train" / "a" / "3.JPEG").unlink()
     monkeypatch.setattr(sys, "argv", ["pil_decode_rate.py", "--data", str(src), str(dst)])
     with pytest.raises(SystemExit):

@@ -144,11 +144,18 @@ def test_with_the_gpu_decoding_an_input_stall_points_at_cpu_cores_not_at_the_gpu
         "cores are free, or data.decode cpu on a resize_dataset.py copy; else try model.compile reduce-overhead (CUDA "
         "graphs: one launch a graph) or a larger batch"
     ]
-    # The CPU path's stall keeps its own advice.
+    # The CPU path's stall keeps its own advice; workers decoding with PIL are pointed at the faster decoder first.
     stalled["input"] = "prefetcher"
     assert build_report([stalled])["findings"][0].endswith(
         "; more data.workers, a pre-resized copy (resize_dataset.py) or data.decode gpu"
     )
+    for decoder, first in (
+        ("torchvision", "more data.workers"),
+        ("pil", "data.cpu_decoder torchvision (1.2-1.3x PIL's rate), more data.workers"),
+    ):
+        finding = build_report([stalled | {"cpu_decoder": decoder}])["findings"][0]
+        assert finding.startswith(f"input-bound: data wait is 20.0% of the step; {first}"), finding
+        assert finding.endswith("a pre-resized copy (resize_dataset.py) or data.decode gpu")
 
 
 def test_a_host_that_ran_ahead_waits_for_data_without_stalling_the_gpu():

@@ -19,7 +19,8 @@ import step_report
 import trace_summary
 from callbacks import ProfilerWindow
 from callbacks.step_timer import StepTimer, batch_size, find_prefetchers
-from prefetcher import CopyEvents, DevicePrefetcher
+from datamodule import ImageNetDataModule
+from prefetcher import CopyEvents, DevicePrefetcher, SyntheticBatches
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -292,6 +293,20 @@ def test_the_summary_names_the_input_path(decoder, expected):
     trainer = fake_trainer("cpu", loader=DevicePrefetcher([], "cpu", decoder=decoder))
     timer.start(trainer, (0, 0))
     assert timer.finish(trainer)["input"] == expected
+
+
+@pytest.mark.parametrize("cpu_decoder", ["pil", "torchvision"])
+def test_the_summary_names_the_workers_decoder(cpu_decoder, shapes_root):
+    timer = StepTimer()
+    trainer = fake_trainer("cpu", loader=DevicePrefetcher([], "cpu"))
+    timer.start(trainer, (0, 0))
+    assert timer.finish(trainer)["cpu_decoder"] is None  # no data module: unknown
+    trainer.datamodule = ImageNetDataModule(root=str(shapes_root), cpu_decoder=cpu_decoder)
+    timer.start(trainer, (0, 0))
+    assert timer.finish(trainer)["cpu_decoder"] == cpu_decoder
+    trainer.train_dataloader = SyntheticBatches(2, 4, 8, 1, "cpu")
+    timer.start(trainer, (0, 0))
+    assert timer.finish(trainer)["cpu_decoder"] is None  # synthetic batches: no worker decodes anything
 
 
 def test_host_clock_alone_on_cpu_with_gradient_accumulation():

@@ -1,0 +1,116 @@
+"""``data.cpu_decoder: torchvision``: the workers' decode and crop on uint8 tensors instead of PIL images.
+
+``torchvision.io.decode_jpeg`` (libjpeg-turbo, as PIL; the same pixels on every file tested) and torch's uint8
+antialiased bilinear resize (torchvision's v2 kernels, vectorized) in place of PIL's decode and resize. On one core of
+an H200 machine: 1.33x PIL's images per second on 300-500 px JPEGs and 1.28x on a ``resize_dataset.py`` copy at short
+side 256; 14 processes at once, 1.18x and 1.21x (``bench/pil_decode_rate.py --decoders pil torchvision``; README,
+"Feeding the GPU").
+
+What stays as with PIL:
+
+* The crop and flip: :class:`TrainTransform` draws its box with torchvision's own ``RandomResizedCrop.get_params``
+  and its flip as ``RandomHorizontalFlip`` does, from the same generator, so a sample's seed
+  (image_loading.SeededIndex) gives the same box and flip under both decoders.
+* The pixels, within one level: the resize rounds differently from PIL's, by at most 1, on a few thousandths of the
+  pixels at most crop sizes and on up to a quarter of them at some (tests/test_cpu_decode.py).
+* Every rule of :func:`image_loading.load_rgb` (formats, modes, transparency, 16 bit, EXIF orientation, truncated
+  files, the size bound, reduced-size decoding of huge JPEGs): only a plain JPEG (:func:`image_loading.plain_jpeg`)
+  of ordinary size is decoded here; any other file, and one torchvision fails on, is loaded by ``load_rgb``, which
+  applies those rules or raises ``BadImageError`` naming the file, and stays a PIL image: the transforms below then
+  crop it with PIL's own resize (torchvision's v2 functions take either), so a huge PNG is cropped before it becomes
+  an array, as on the PIL path.
+
+:class:`TensorImageLoader` gives a ``(3, H, W)`` uint8 tensor or that PIL image; ``fast_collate`` takes both.
+"""
+
+from __future__ import annotations
+
+import io
+
+import torch
+import torchvision.transforms.v2.functional as F
+from PIL import Image
+from torchvision import transforms
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from image_loading import MAX_PIXELS, allow_pixels, load_rgb, plain_jpeg
+
+#: ``data.cpu_decoder``'s values: PIL images, or this module's uint8 tensors.
+CPU_DECODERS = ("pil", "torchvision")
+
+
+class TensorImageLoader:
+    """Picklable ``loader`` for ``ImageFolder``: a plain JPEG as a ``(3, H, W)`` uint8 RGB tensor; any other file as
+    the RGB PIL image :func:`image_loading.load_rgb` makes of it.
+
+    Args:
+        max_pixels: Largest width x height that loads (as :func:`image_loading.load_rgb`).
+        draft_min_side: JPEGs with a short side of at least twice this go to ``load_rgb``, which decodes them at a
+            reduced size (see :func:`image_loading.min_decode_side`); ``None`` decodes every plain JPEG here.
+    """
+
+    def __init__(self, max_pixels: int = MAX_PIXELS, draft_min_side: int | None = None) -> None:
+        if max_pixels < 1:
+            raise ValueError(f"max_pixels must be >= 1, got {max_pixels}")
+        if draft_min_side is not None and draft_min_side < 1:
+            raise ValueError(f"draft_min_side must be >= 1 or None (no reduced-size decoding), got {draft_min_side}")
+        self.max_pixels = max_pixels
+        self.draft_min_side = draft_min_side
+
+    def __call__(self, path: str) -> torch.Tensor | Image.Image:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+            allow_pixels(self.max_pixels)  # as load_rgb does, before PIL reads the header
+            header = Image.open(io.BytesIO(raw))  # the header only
+            width, height = header.size
+        except Exception:  # unreadable, or no image PIL knows: load_rgb raises BadImageError naming the file and why
+            header = None
+        if header is not None and plain_jpeg(header, raw) and width * height <= self.max_pixels:
+            drafted = self.draft_min_side is not None and min(width, height) >= 2 * self.draft_min_side
+            if not drafted:
+                try:
+                    return decode_jpeg(torch.frombuffer(bytearray(raw), dtype=torch.uint8), mode=ImageReadMode.RGB)
+                except RuntimeError:
+                    pass  # a corrupt stream: load_rgb decodes and judges it
+        return load_rgb(path, self.max_pixels, self.draft_min_side)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(max_pixels={self.max_pixels}, draft_min_side={self.draft_min_side})"
+
+
+class TrainTransform:
+    """``RandomResizedCrop(size, scale)`` then ``RandomHorizontalFlip()`` on a ``(3, H, W)`` uint8 tensor (or a PIL
+    image, with PIL's resize), with torchvision's draws (see the module docstring) and an antialiased bilinear
+    resize."""
+
+    def __init__(self, size: int, scale: tuple[float, float], ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> None:
+        self.size = size
+        self.scale = scale
+        self.ratio = ratio
+
+    def __call__(self, image: torch.Tensor | Image.Image) -> torch.Tensor | Image.Image:
+        top, left, height, width = transforms.RandomResizedCrop.get_params(image, list(self.scale), list(self.ratio))
+        out = F.resized_crop(image, top, left, height, width, [self.size, self.size], antialias=True)
+        if torch.rand(1) < 0.5:
+            out = F.horizontal_flip(out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio})"
+
+
+class ValTransform:
+    """``Resize(resize_size)`` (the short side) then ``CenterCrop(crop_size)`` on a ``(3, H, W)`` uint8 tensor (or a
+    PIL image)."""
+
+    def __init__(self, resize_size: int, crop_size: int) -> None:
+        self.resize_size = resize_size
+        self.crop_size = crop_size
+
+    def __call__(self, image: torch.Tensor | Image.Image) -> torch.Tensor | Image.Image:
+        out = F.resize(image, [self.resize_size], antialias=True)
+        return F.center_crop(out, [self.crop_size, self.crop_size])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(resize_size={self.resize_size}, crop_size={self.crop_size})"
