@@ -105,6 +105,8 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
     Work between two steps (:data:`BETWEEN_STEPS` ranges after a step's end: validation, an epoch's end, a save) is a
     gap, as in the live report: listed in ``between_steps``, left out of the wall time, of GPU busy and of the copies
     launched in it; after an epoch's end the next step's first ``data`` range (the loader refilling) joins the gap.
+    Compute kernels whose launch call the trace does not hold ran work queued before the window (the host ahead of
+    the GPU): they belong to no step, and the first step starts on the GPU when they are done.
     """
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and "ts" in e]
     annotations = [e for e in events if e.get("cat") == "user_annotation"]
@@ -154,9 +156,18 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
             busiest[stream(k)] = busiest.get(stream(k), 0.0) + k["dur"]
         compute_streams = {max(busiest, key=busiest.__getitem__)}
     on_compute = [(k, t, i) for k, t, i in launched if stream(k) in compute_streams]  # with launch time and step
+
+    def unlaunched(k: dict) -> bool:
+        """Launched before the trace began: the GPU's backlog when the window opened (a trace without launch calls
+        cannot tell)."""
+        return bool(launches) and k.get("args", {}).get("correlation") not in launches
+
+    # The window starts on the GPU when the backlog the host queued before it is done (a host that ran ahead of a
+    # GPU-bound run), as the live report's events measure it: the backlog belongs to no step.
+    backlog_end = max((float(k["ts"] + k["dur"]) for k, _, _ in on_compute if unlaunched(k)), default=None)
     per_step: list[dict[str, list[Interval]]] = [{n: [] for n in (*RANGE_PHASES, "other")} for _ in steps]
     for k, t, i in on_compute:
-        if i is not None:
+        if i is not None and not unlaunched(k):
             per_step[i][phase_at(i, t)].append((float(k["ts"]), float(k["ts"] + k["dur"])))
     copies = [
         e
@@ -177,6 +188,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
     gap_after = {i: n for n, i in enumerate(sorted(gaps))}  # step index -> its gap's position in host_gaps
     rows = []
     previous_end: float | None = None
+    gpu_start: float | None = None  # the first step's start on the GPU
     gpu_gaps: list[Interval] = []
     pending: float | None = None  # after a gap: where the next step with kernels starts on the GPU, at the earliest
     for i, (step, host) in enumerate(zip(steps, step_ranges, strict=True)):
@@ -188,6 +200,10 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         if spans:
             first, last = min(a for a, _ in spans), max(b for _, b in spans)
             begin = host[0] if previous_end is None else previous_end
+            if previous_end is None:
+                if backlog_end is not None:
+                    begin = min(first, max(host[0], backlog_end))
+                gpu_start = begin
             if pending is not None and previous_end is not None:
                 # After a gap the step's GPU time starts when the host has started it and the gap's own work is
                 # done (never after its first kernel): what ran before belongs to the gap.
@@ -211,7 +227,10 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
                 "lag": None,
             }
         )
-    span = (step_ranges[0][0], previous_end if previous_end is not None else step_ranges[-1][1])
+    span = (
+        step_ranges[0][0] if gpu_start is None else gpu_start,
+        previous_end if previous_end is not None else step_ranges[-1][1],
+    )
     busy = None
     skipped = length(gpu_gaps)
     gpu_wall = span[1] - span[0] - skipped
@@ -256,8 +275,8 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         "window": [rows[0]["step"], rows[-1]["step"]],
         "steps": rows,
         "wall_ms": round((step_ranges[-1][1] - step_ranges[0][0] - sum(b - a for a, b in host_gaps)) / 1000, 4),
-        # From the first step's start to the end of the last step's last compute kernel, less the gaps: the window
-        # as the GPU ran it (longer than the host's when the host ran ahead of a GPU-bound run).
+        # From the first step's start on the GPU (after any backlog) to the end of the last step's last compute
+        # kernel, less the gaps: the window as the GPU ran it (longer than the host's when the host ran ahead).
         "gpu_wall_ms": round(gpu_wall / 1000, 4) if previous_end is not None and gpu_wall > 0 else None,
         "between_steps": [
             {

@@ -390,6 +390,23 @@ def test_kineto_trace_gives_known_phases_overlap_and_busy_fraction():
     assert report["findings"][1].startswith("input-bound: data wait is 20.0% of the step")
 
 
+def test_a_backlog_queued_before_the_trace_belongs_to_no_step():
+    """The host ran ahead before the window: when the trace began, the GPU still ran a kernel launched earlier (its
+    launch call is not in the trace), until 12 us. Step 10 starts on the GPU when it is done, as events would see it."""
+    trace = handmade_trace()
+    trace["traceEvents"].append(_x("conv_bwd", "kernel", 2, 10, stream=7, correlation=99))  # no launch in the trace
+    summary = summarize_trace(trace, batch_size=8)
+    s10, s11 = summary["steps"]
+    assert s10["gpu"] == {"data": 0.003, "forward": 0.03, "backward": 0.03, "optimizer": 0.01, "other": 0.007,
+                          "total": 0.08}  # fmt: skip
+    assert s11["gpu"]["total"] == 0.098  # unchanged
+    assert summary["gpu_wall_ms"] == 0.178  # 12..190 us, not 0..190
+    assert summary["gpu_busy"] == round(108 / 178, 4)  # the backlog's kernel is not the window's work
+    # Without launch calls in the trace the backlog cannot be told from step 10's own kernels: as before.
+    bare = {"traceEvents": [e for e in trace["traceEvents"] if e["cat"] != "cuda_runtime"]}
+    assert summarize_trace(bare, batch_size=8)["gpu_wall_ms"] == 0.19
+
+
 def test_input_wait_is_what_the_first_kernel_after_a_fetch_waits_beyond_its_launch_and_the_work_before_it():
     compute = [(0.0, 40.0), (40.0, 50.0), (70.0, 90.0), (80.0, 85.0), (94.0, 99.0), (130.0, 140.0)]
     # (start, launch call start, launch call end); the first kernel's launch is not in the trace. 70 and 80 are one
