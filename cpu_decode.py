@@ -11,8 +11,12 @@ What stays as with PIL:
 * The crop and flip: :class:`TrainTransform` draws its box with torchvision's own ``RandomResizedCrop.get_params``
   and its flip as ``RandomHorizontalFlip`` does, from the same generator, so a sample's seed
   (image_loading.SeededIndex) gives the same box and flip under both decoders.
-* The pixels, within one level: the resize rounds differently from PIL's, by at most 1, on a few thousandths of the
-  pixels at most crop sizes and on up to a quarter of them at some (tests/test_cpu_decode.py).
+* The pixels, within a level or two: the resize rounds differently from PIL's, by at most 1 when it downscales (on a
+  few thousandths of the pixels at most crop sizes, on up to a quarter of them at some), and by at most 2 on a few
+  pixels of an upsampled crop (a box smaller than the output; tests/test_cpu_decode.py).
+* A damaged JPEG that libjpeg still decodes (a corrupt segment, an end marker after a cut) loads on both paths, and
+  under this one libjpeg prints its warning (``Corrupt JPEG data: ...``) to stderr without the file's name; PIL
+  decodes it silently.
 * Every rule of :func:`image_loading.load_rgb` (formats, modes, transparency, 16 bit, EXIF orientation, truncated
   files, the size bound, reduced-size decoding of huge JPEGs): only a plain JPEG (:func:`image_loading.plain_jpeg`)
   of ordinary size is decoded here; any other file, and one torchvision fails on, is loaded by ``load_rgb``, which
@@ -33,7 +37,7 @@ from PIL import Image
 from torchvision import transforms
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from image_loading import MAX_PIXELS, allow_pixels, load_rgb, plain_jpeg
+from image_loading import MAX_PIXELS, allow_pixels, load_rgb, plain_jpeg, refuse_truncated_loading
 
 #: ``data.cpu_decoder``'s values: PIL images, or this module's uint8 tensors.
 CPU_DECODERS = ("pil", "torchvision")
@@ -58,6 +62,7 @@ class TensorImageLoader:
         self.draft_min_side = draft_min_side
 
     def __call__(self, path: str) -> torch.Tensor | Image.Image:
+        refuse_truncated_loading(path)  # at the first image, as load_rgb: not only at the first file PIL decodes
         try:
             with open(path, "rb") as f:
                 raw = f.read()

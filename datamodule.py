@@ -310,8 +310,8 @@ class ImageNetDataModule(pl.LightningDataModule):
             not measurably faster (README).
         cpu_decoder: What decodes and crops the images the workers decode (all of them with ``decode: cpu``, the
             ``cpu_decode_share`` with ``decode: gpu``): ``torchvision`` (uint8 tensors: ``torchvision.io.decode_jpeg``,
-            libjpeg-turbo as PIL, and torch's vectorized antialiased resize; the same boxes and flips, pixels within
-            one level of PIL's; files other than plain JPEGs still go through PIL; see cpu_decode.py)
+            libjpeg-turbo as PIL, and torch's vectorized antialiased resize; the same boxes and flips, pixels within a
+            level or two of PIL's; files other than plain JPEGs still go through PIL; see cpu_decode.py)
             or ``pil`` (PIL images, as the original). On an H200 machine's 16 cores ``torchvision`` fed compiled
             ResNet-50 at 0.989 of synthetic data from a pre-resized copy, where ``pil`` reached 0.685 (README).
         on_bad_image: An image file that cannot be decoded (truncated, empty, not an image, unreadable): ``error``
@@ -545,7 +545,7 @@ class ImageNetDataModule(pl.LightningDataModule):
 
         ``train_position``: the epoch, the batches of it this rank has done (what Lightning resumes after: a checkpoint
         taken in ``on_train_batch_end`` counts its batch as done, one taken inside a step does not), and the batch
-        size and number of ranks they were counted in.
+        size and number of ranks they were counted in, and the workers' decoder.
         """
         trainer = self.trainer
         fit_loop = getattr(trainer, "fit_loop", None)
@@ -557,6 +557,7 @@ class ImageNetDataModule(pl.LightningDataModule):
                 "batches": fit_loop.epoch_loop.batch_progress.current.processed,
                 "batch_size": self.batch_size,
                 "world_size": trainer.world_size,
+                "cpu_decoder": self.hparams.cpu_decoder,
             }
         }
 
@@ -573,6 +574,14 @@ class ImageNetDataModule(pl.LightningDataModule):
                 f"{self.batch_size} on {world} rank(s); the checkpoint was taken with {position['batch_size']} on "
                 f"{position['world_size']}: the rest of this epoch is not exactly the interrupted run's (the next "
                 "epochs are)"
+            )
+        # A checkpoint from before data.cpu_decoder existed was taken by a run that decoded with PIL.
+        decoder = position.get("cpu_decoder", "pil")
+        if decoder != self.hparams.cpu_decoder:
+            rank_zero_warn(
+                f"resuming with data.cpu_decoder {self.hparams.cpu_decoder}; the checkpoint's run decoded with "
+                f"{decoder}: crops differ from the interrupted run's by a level or two in some pixels; set "
+                f"data.cpu_decoder {decoder} to continue it exactly"
             )
         self._resume_at = (int(position["epoch"]), int(position["batches"]))
         if self._train_sampler is not None:  # the loader was built before the restore

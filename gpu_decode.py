@@ -104,15 +104,16 @@ _OFFSET, _WIDTH, _PLANE, _TOP, _LEFT, _CROP_H, _CROP_W, _FLIP, _SOURCE = range(9
 
 @dataclass
 class Encoded:
-    """One sample as the worker hands it over: bytes to decode on the GPU, or pixels PIL already decoded.
+    """One sample as the worker hands it over: bytes to decode on the GPU, or pixels the worker already decoded.
 
     Attributes:
         data: uint8 1-D tensor of the JPEG file, or uint8 ``(3, H, W)`` pixels.
         encoded: Whether ``data`` is a JPEG to decode.
         box: ``(top, left, height, width)`` of the crop in the decoded image.
         flip: Mirror the crop horizontally.
-        finished: ``data`` is the final crop, uint8 ``(3, size, size)``: PIL decoded, cropped, resized and flipped it
-            in the worker (``data.cpu_decode_share``); ``box`` covers it whole and ``flip`` is False.
+        finished: ``data`` is the final crop, uint8 ``(3, size, size)``: the worker decoded, cropped, resized and
+            flipped it (``data.cpu_decode_share``, with ``data.cpu_decoder``'s loader and transform); ``box`` covers
+            it whole and ``flip`` is False.
     """
 
     data: torch.Tensor

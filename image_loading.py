@@ -161,6 +161,19 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+def refuse_truncated_loading(path: str) -> None:
+    """Raises RuntimeError when PIL's "pad truncated files with gray" (``ImageFile.LOAD_TRUNCATED_IMAGES``) is on.
+
+    Some code in this process turned it on. That is a configuration error, not a bad file: raised as such, at the first
+    image, so that ``on_bad_image: skip`` does not quietly skip everything, nor truncated files train as gray.
+    """
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise RuntimeError(
+            "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is on, so truncated files would load as gray-padded images instead "
+            f"of failing; turn it off (it is off by default) to load {path}"
+        )
+
+
 def allow_pixels(max_pixels: int) -> None:
     """Raises PIL's process-wide decompression-bomb limit to ``max_pixels`` (never lowers a limit someone raised
     further): ``Image.open`` reads it, so call this before opening any header, or PIL warns about or refuses images
@@ -181,13 +194,7 @@ def load_rgb(path: str, max_pixels: int = MAX_PIXELS, draft_min_side: int | None
     Raises:
         BadImageError: The file cannot be read or decoded, or the image is larger than ``max_pixels``.
     """
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        # Some code in this process turned PIL's "pad truncated files with gray" on. That is a configuration error,
-        # not a bad file: raised as such so that on_bad_image: skip does not quietly skip everything.
-        raise RuntimeError(
-            "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is on, so truncated files would load as gray-padded images instead "
-            f"of failing; turn it off (it is off by default) to load {path}"
-        )
+    refuse_truncated_loading(path)
     allow_pixels(max_pixels)
     try:
         with open(path, "rb") as f:

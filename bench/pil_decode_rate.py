@@ -102,7 +102,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--min-crop-scale", type=float, default=0.08)
     p.add_argument("--val-resize", type=int, default=256)
     p.add_argument("--decoders", nargs="+", default=["pil"], choices=cpu_decode.CPU_DECODERS)
-    p.add_argument("--processes", type=int, default=1, help="processes at once; their rates are added")
+    p.add_argument(
+        "--processes", type=int, default=1, help="processes at once; all their images over the common window"
+    )
     a = p.parse_args(argv)
     if a.processes < 1:
         p.error(f"--processes must be >= 1, got {a.processes}")

@@ -164,6 +164,12 @@ def split_variant(variant: str) -> tuple[str, float]:
     return name, value
 
 
+def workers_decoder(name: str) -> str:
+    """The ``data.cpu_decoder`` of app variant ``name`` (without ``@``, ``:`` or ``+`` suffixes): explicit in every
+    row, because the rows before that option decoded with PIL; ``app_folder_tv`` is the torchvision decoder."""
+    return "torchvision" if name == "app_folder_tv" else "pil"
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--arch", default="resnet50")
@@ -262,8 +268,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         decode="gpu" if name.startswith("app_folder_gpu") else "cpu",
         cpu_decode_share=cpu_share,
         nvjpeg="preallocated" if name.endswith("_preallocated") else "torchvision",
-        # Explicit in every row: the rows before data.cpu_decoder decoded with PIL; app_folder_tv is the new decoder.
-        cpu_decoder="torchvision" if name == "app_folder_tv" else "pil",
+        cpu_decoder=workers_decoder(name),
     )
     model = ImageNetClassifier(
         arch=a.arch,

@@ -1,5 +1,6 @@
-"""``data.cpu_decoder: torchvision`` (cpu_decode.py) against the PIL path it stands in for: the same pixels within
-one level, the same boxes and flips for a sample's seed, the same rules for every file that is not a plain JPEG."""
+"""``data.cpu_decoder: torchvision`` (cpu_decode.py) against the PIL path it stands in for: the same pixels within one
+level (two on a few pixels of an upsampled crop), the same boxes and flips for a sample's seed, the same rules for
+every file that is not a plain JPEG."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageFile
 from torch.utils.data import DataLoader
 from torchvision import transforms
 
@@ -123,6 +124,17 @@ def test_a_jpeg_under_twice_the_draft_side_is_decoded_whole_by_torchvision(tmp_p
     wide = save(photo(1000, 2000, 2), tmp_path / "wide.JPEG")
     assert TensorImageLoader(draft_min_side=600)(str(wide)).shape == (3, 1000, 2000)
     assert len(decodes) == 1
+    # At exactly twice the side PIL drafts it to half: that file is PIL's.
+    drafted = TensorImageLoader(draft_min_side=500)(str(wide))
+    assert isinstance(drafted, Image.Image) and drafted.size == (1000, 500) and len(decodes) == 1
+
+
+def test_the_truncated_images_setting_is_refused_at_a_plain_jpeg_too(
+    photos: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    with pytest.raises(RuntimeError, match="LOAD_TRUNCATED_IMAGES is on"):
+        TensorImageLoader()(str(photos[0]))
 
 
 def test_a_stream_torchvision_rejects_is_judged_by_pil(photos: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,6 +212,21 @@ def test_train_transform_draws_torchvisions_boxes_and_flips(photos: list[Path]) 
             transforms.RandomResizedCrop.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3])
             flips += bool(torch.rand(1) < 0.5)
     assert 0 < flips < 12 * len(photos)  # both branches taken, and matched
+
+
+def test_an_upsampled_crop_of_noise_stays_within_two_levels() -> None:
+    """Noise is the worst case for rounding: a box smaller than the output (upsampling) differs from PIL's by at
+    most 2 on a few pixels; a downscale by at most 1."""
+    rng = np.random.default_rng(0)
+    for shape, box, size in (((100, 88), (0, 0, 100, 88), 224), ((221, 583), (50, 200, 108, 128), 224),
+                             ((300, 400), (10, 20, 280, 350), 224)):  # fmt: skip
+        image = Image.fromarray(rng.integers(0, 256, (*shape, 3), dtype=np.uint8))
+        want = as_chw(transforms.functional.resized_crop(image, *box, [size, size]))
+        got = cpu_decode.F.resized_crop(as_chw(image), *box, [size, size], antialias=True)
+        diff = (got.int() - want.int()).abs()
+        upsampled = box[2] < size or box[3] < size
+        assert diff.max().item() <= (2 if upsampled else 1), (shape, box)
+        assert diff.float().mean().item() < 0.3
 
 
 def test_val_transform_matches_resize_and_center_crop(photos: list[Path]) -> None:

@@ -7,6 +7,7 @@ import pickle
 import re
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -193,7 +194,9 @@ def test_checkpoint_state_resumes_the_training_order(shapes_root: Path) -> None:
     saving = small_dm(shapes_root)
     saving.trainer = fake_fitting_trainer(epoch=2, processed=4)
     state = saving.state_dict()
-    assert state == {"train_position": {"epoch": 2, "batches": 4, "batch_size": 8, "world_size": 1}}
+    assert state == {
+        "train_position": {"epoch": 2, "batches": 4, "batch_size": 8, "world_size": 1, "cpu_decoder": "torchvision"}
+    }
     saving.trainer.state.fn = "validate"
     assert saving.state_dict() == {}  # only a fit has a position (Lightning then saves no entry)
 
@@ -228,6 +231,23 @@ def test_resume_with_another_batch_size_or_world_size_warns(shapes_root: Path) -
     loader = dm.train_dataloader()
     _set_sampler_epoch(loader, 1)
     assert len(list(loader)) == len(loader) - 2  # Lightning counts 2 batches as done: the epoch keeps its length
+
+
+def test_resume_with_another_decoder_warns_and_an_old_checkpoint_counts_as_pil(shapes_root: Path) -> None:
+    position = {"epoch": 1, "batches": 2, "batch_size": 8, "world_size": 1}
+    for saved, now, warns in (("pil", "torchvision", True), (None, "torchvision", True), (None, "pil", False),
+                              ("torchvision", "torchvision", False)):  # fmt: skip
+        dm = small_dm(shapes_root, cpu_decoder=now)
+        dm.trainer = fake_trainer()
+        dm.setup("fit")
+        state = {"train_position": position | ({"cpu_decoder": saved} if saved else {})}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dm.load_state_dict(state)
+        messages = [str(w.message) for w in caught if "data.cpu_decoder" in str(w.message)]
+        assert messages == ([f"resuming with data.cpu_decoder {now}; the checkpoint's run decoded with {saved or 'pil'}"
+                             f": crops differ from the interrupted run's by a level or two in some pixels; set "
+                             f"data.cpu_decoder {saved or 'pil'} to continue it exactly"] if warns else [])  # fmt: skip
 
 
 def epoch_batches(dm: ImageNetDataModule, epoch: int) -> list[torch.Tensor]:

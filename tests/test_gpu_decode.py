@@ -14,6 +14,7 @@ from PIL import Image
 from torchvision import transforms
 from torchvision.io import decode_jpeg, read_file
 
+import image_loading
 from datamodule import ImageNetDataModule, load_rgb
 from gpu_decode import (
     Encoded,
@@ -67,6 +68,13 @@ def test_jpegs_travel_encoded_and_the_rest_decoded_by_pil(files):
         assert sample.data.shape[0] == 3 and sample.data.dtype == torch.uint8
     # EXIF orientation applied by PIL: the 200x100 photo is 100 wide, 200 high.
     assert tuple(kinds["rotated"].data.shape[1:]) == (200, 100)
+
+
+def test_pils_limit_is_raised_before_the_worker_reads_a_header(files, monkeypatch):
+    # 300 x 200 pixels: PIL alone would refuse the header at a limit of 1000 and the file would lose the GPU path.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    assert EncodedSampleLoader(True, 64, 0.08, 73, load_rgb)(str(files["jpeg"])).encoded
+    assert Image.MAX_IMAGE_PIXELS == image_loading.MAX_PIXELS
 
 
 def test_train_boxes_fit_the_image_and_follow_the_seed(files):

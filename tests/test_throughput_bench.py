@@ -329,3 +329,10 @@ def test_folder_rows_are_compared_with_the_synthetic_row_of_their_compile_mode(t
     # A row with no suffix under --compile is compiled in the default mode: ":default" stands in for it.
     rows = {("app_synthetic:default", 1): row(5000, 50.0, 11.0), ("app_folder_gpu", 1): row(4000, 60.0, 12.0)}
     assert "| 0.800 |" in throughput.table(rows, "compiled")[-1]
+
+
+def test_every_row_names_its_workers_decoder(throughput) -> None:
+    # The rows before data.cpu_decoder decoded with PIL; only app_folder_tv runs the torchvision decoder.
+    for variant, decoder in (("app_folder", "pil"), ("app_folder_tv:reduce-overhead", "torchvision"),
+                             ("app_folder_gpu@0.7", "pil"), ("app_synthetic", "pil")):  # fmt: skip
+        assert throughput.workers_decoder(throughput.split_variant(variant)[0]) == decoder
