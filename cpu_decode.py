@@ -6,7 +6,7 @@ an H200 machine: 1.33x PIL's images per second on 300-500 px JPEGs and 1.28x on 
 side 256; 14 processes at once, 1.18x and 1.21x (``bench/pil_decode_rate.py --decoders pil torchvision``; README,
 "Feeding the GPU").
 
-What stays as with PIL:
+What stays as with PIL, and where the two differ:
 
 * The crop and flip: :class:`TrainTransform` draws its box with torchvision's own ``RandomResizedCrop.get_params``
   and its flip as ``RandomHorizontalFlip`` does, from the same generator, so a sample's seed
