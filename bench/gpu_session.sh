@@ -16,8 +16,9 @@
 # resized-P: the split-P run (VARIANTS default app_synthetic,app_folder,app_folder_gpu@0.85) on the JPEG folder and
 #            on its copy by resize_dataset.py at short side SIDE (default 256), one after the other, each with its own
 #            synthetic row; COMPILE=MODE compiles every app row with that torch.compile mode (MODE:tuned: and
-#            model.compile_tuning, as everywhere COMPILE is read); then
-#            bench/pil_decode_rate.py on both folders (PIL per core)
+#            model.compile_tuning, as everywhere COMPILE is read); then bench/pil_decode_rate.py on both folders, both
+#            decoders (data.cpu_decoder pil and torchvision), one core and CORES-2 processes at once; e.g.
+#            VARIANTS=app_synthetic,app_folder_tv,app_folder for the workers' two decoders side by side
 # autotune-P: the app on synthetic data compiled with max-autotune under nsys for DURATION s (default 300; nsys then
 #            stops the run; STAGE_TIMEOUT default 360 here), stacks of every thread at STACKS_AFTER_S (default 280),
 #            GPU utilization every 2 s, then bench/kernel_timeline.py: kernels, GPU busy time and API calls per 20 s,
@@ -116,8 +117,11 @@ for stage in "$@"; do
         --variants "$variants" --data "$folder" > "$out/throughput_${stage}_$(basename "$folder").txt" 2>&1
       echo "--- $folder"; table "$out/throughput_${stage}_$(basename "$folder").txt"
     done
-    timeout "$limit" python3 bench/pil_decode_rate.py --data "$data" "${data}_$side" --images 400 \
-      | tee "$out/pil_decode_rate.txt" ;;
+    # Both decoders (data.cpu_decoder), on one core and on as many processes at once as the runs had workers.
+    for n in 1 $((cores - 2)); do
+      timeout "$limit" python3 bench/pil_decode_rate.py --data "$data" "${data}_$side" --decoders pil torchvision \
+        --images 300 --repeats 2 --processes "$n" | tee -a "$out/pil_decode_rate.txt"
+    done ;;
   autotune-*)
     # GPU utilization every 2 s beside the run, and every kernel inside the CUDA graphs: whether a stall is a slow
     # kernel (busy GPU, few kernels) or the host waiting on something else (idle GPU).
