@@ -29,23 +29,22 @@ What stays as with PIL, and where the two differ:
 
 from __future__ import annotations
 
-import io
-
 import torch
 import torchvision.transforms.v2.functional as F
 from PIL import Image
 from torchvision import transforms
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from image_loading import MAX_PIXELS, allow_pixels, load_rgb, plain_jpeg, refuse_truncated_loading
+from image_loading import ImageLoader, load_rgb, read_plain_jpeg, refuse_truncated_loading
 
 #: ``data.cpu_decoder``'s values: PIL images, or this module's uint8 tensors.
 CPU_DECODERS = ("pil", "torchvision")
 
 
-class TensorImageLoader:
+class TensorImageLoader(ImageLoader):
     """Picklable ``loader`` for ``ImageFolder``: a plain JPEG as a ``(3, H, W)`` uint8 RGB tensor; any other file as
-    the RGB PIL image :func:`image_loading.load_rgb` makes of it.
+    the RGB PIL image :func:`image_loading.load_rgb` makes of it. Options and their checks are
+    :class:`image_loading.ImageLoader`'s.
 
     Args:
         max_pixels: Largest width x height that loads (as :func:`image_loading.load_rgb`).
@@ -53,35 +52,19 @@ class TensorImageLoader:
             reduced size (see :func:`image_loading.min_decode_side`); ``None`` decodes every plain JPEG here.
     """
 
-    def __init__(self, max_pixels: int = MAX_PIXELS, draft_min_side: int | None = None) -> None:
-        if max_pixels < 1:
-            raise ValueError(f"max_pixels must be >= 1, got {max_pixels}")
-        if draft_min_side is not None and draft_min_side < 1:
-            raise ValueError(f"draft_min_side must be >= 1 or None (no reduced-size decoding), got {draft_min_side}")
-        self.max_pixels = max_pixels
-        self.draft_min_side = draft_min_side
-
     def __call__(self, path: str) -> torch.Tensor | Image.Image:
         refuse_truncated_loading(path)  # at the first image, as load_rgb: not only at the first file PIL decodes
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-            allow_pixels(self.max_pixels)  # as load_rgb does, before PIL reads the header
-            header = Image.open(io.BytesIO(raw))  # the header only
+        plain = read_plain_jpeg(path, self.max_pixels)
+        if plain is not None:
+            raw, header = plain
             width, height = header.size
-        except Exception:  # unreadable, or no image PIL knows: load_rgb raises BadImageError naming the file and why
-            header = None
-        if header is not None and plain_jpeg(header, raw) and width * height <= self.max_pixels:
             drafted = self.draft_min_side is not None and min(width, height) >= 2 * self.draft_min_side
-            if not drafted:
+            if width * height <= self.max_pixels and not drafted:
                 try:
                     return decode_jpeg(torch.frombuffer(bytearray(raw), dtype=torch.uint8), mode=ImageReadMode.RGB)
                 except RuntimeError:
                     pass  # a corrupt stream: load_rgb decodes and judges it
         return load_rgb(path, self.max_pixels, self.draft_min_side)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(max_pixels={self.max_pixels}, draft_min_side={self.draft_min_side})"
 
 
 class TrainTransform:

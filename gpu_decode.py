@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import io
 import mmap
 import sys
 import threading
@@ -74,7 +73,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torchvision import transforms
 
-from image_loading import MAX_PIXELS, allow_pixels, plain_jpeg
+from image_loading import read_plain_jpeg
 
 try:  # one C++ call (no GIL held) that flattens and concatenates a list of tensors, as DDP's bucketing does
     from torch._utils import _flatten_dense_tensors
@@ -221,16 +220,11 @@ class EncodedSampleLoader:
     def __call__(self, path: str) -> Encoded:
         if self.cpu_share and decoded_on_cpu(path, self.cpu_share):
             return self._finished(path)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-            allow_pixels(MAX_PIXELS)  # as load_rgb does, before PIL reads a header
-            header = Image.open(io.BytesIO(raw))  # parses the header only; no pixels are decoded here
-        except Exception:  # unreadable or no image: the PIL loader raises BadImageError, naming the file and why
-            header = None
         # A JPEG without its end-of-image marker last is truncated (or carries trailing bytes): PIL decodes and judges
         # it, so a truncated file is a BadImageError of its sample, not an nvJPEG error of the whole batch.
-        if header is not None and plain_jpeg(header, raw):
+        plain = read_plain_jpeg(path)
+        if plain is not None:
+            raw, header = plain
             data, encoded = torch.frombuffer(bytearray(raw), dtype=torch.uint8), True
             width, height = header.size
         else:

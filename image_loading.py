@@ -62,6 +62,7 @@ generators, which this never touches).
 
 from __future__ import annotations
 
+import io
 import math
 import struct
 import warnings
@@ -252,6 +253,21 @@ def plain_jpeg(header: Image.Image, raw: bytes) -> bool:
     except Exception:  # a broken EXIF block: let PIL decode and judge the file
         return False
     return orientation == 1
+
+
+def read_plain_jpeg(path: str, max_pixels: int = MAX_PIXELS) -> tuple[bytes, Image.Image] | None:
+    """``(bytes, header)`` of the file at ``path`` when it is a plain JPEG (:func:`plain_jpeg`; PIL parses the header
+    only, no pixels), else None: unreadable, no image PIL knows, or anything else :func:`load_rgb` must judge, which
+    then raises :class:`BadImageError` naming the file and why. PIL's limit is raised to ``max_pixels`` first, as
+    :func:`load_rgb` raises it."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        allow_pixels(max_pixels)
+        header = Image.open(io.BytesIO(raw))
+    except Exception:
+        return None
+    return (raw, header) if plain_jpeg(header, raw) else None
 
 
 def _unidentified_reason(path: str) -> str:
