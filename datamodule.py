@@ -300,8 +300,10 @@ class ImageNetDataModule(pl.LightningDataModule):
             stream; see gpu_decode.py). ``gpu`` on a CPU-only run falls back to ``cpu`` with a warning.
         cpu_decode_share: With ``decode: gpu``, the share of the files (a fixed set, chosen by a hash of the path) that
             the workers still decode and crop, as ``decode: cpu`` would (by ``cpu_decoder``); the GPU path takes the
-            rest. The GPU path's per-image host work runs in the training process, the workers' in theirs: a share that
-            keeps both busy feeds the GPU best (README, "Feeding the GPU"). 0 sends every JPEG to the GPU path.
+            rest. The GPU path's host work runs on one thread of the training process, the workers' in theirs: a share
+            that keeps both busy feeds the GPU best (README, "Feeding the GPU"). 0 sends every JPEG to the GPU path. For
+            a compiled model that one thread is the limit (on an H200, 0.76-0.79 of synthetic data on 16 cores): train
+            on a pre-resized copy (resize_dataset.py) with ``decode: cpu`` instead.
         nvjpeg: With ``decode: gpu``, how nvJPEG is called: ``torchvision`` (``torchvision.io.decode_jpeg``) or
             ``preallocated`` (nvjpeg_batched.py: its own handle on the hardware decoder, buffers sized once for the
             batch, so that images of new sizes do not make nvJPEG free device memory, which waits for the whole GPU).

@@ -59,6 +59,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import mmap
+import os
 import sys
 import threading
 import warnings
@@ -382,6 +383,85 @@ class _PendingRelease:
     pending: list[tuple[Any, torch.Tensor]] = []
 
 
+class _Releaser:
+    """One daemon thread that frees the buffers of CUDA batches, off the producer thread.
+
+    Freeing a batch's pages (``madvise``) took 4.4-5.5 ms of the producer thread's CPU a batch in H200 runs of the
+    compiled decode split, where that thread set the pace (bench/RESULTS.md, fifteenth session). The call holds no
+    GIL, so this thread takes it off the critical path. Started at the first hand-over; a process forked after it
+    starts afresh (threads and the lock's state do not carry over a fork). Where no thread can start (interpreter
+    shutdown) the caller releases. A failed release is raised to the next caller of :meth:`hand_over` or
+    :meth:`wait`, as it was raised to the producer when that thread released its buffers itself.
+    """
+
+    cond = threading.Condition()
+    jobs: list[torch.Tensor] = []
+    inflight = 0  # buffers handed over and not yet released
+    thread: threading.Thread | None = None
+    error: BaseException | None = None  # the first failed release, not yet raised
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.cond = threading.Condition()
+        cls.jobs, cls.inflight, cls.thread, cls.error = [], 0, None, None
+
+    @classmethod
+    def hand_over(cls, buffers: list[torch.Tensor]) -> None:
+        with cls.cond:
+            if cls.thread is None or not cls.thread.is_alive():
+                cls.thread = threading.Thread(target=cls._run, name="HostBufferReleaser", daemon=True)
+                try:
+                    cls.thread.start()
+                except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                    cls.thread = None
+            if cls.thread is not None:
+                cls.jobs.extend(buffers)
+                cls.inflight += len(buffers)
+                cls.cond.notify_all()
+                cls._raise_error()
+                return
+        for buffer in buffers:
+            release_host_buffer(buffer)
+
+    @classmethod
+    def _run(cls) -> None:
+        while True:
+            with cls.cond:
+                cls.cond.wait_for(lambda: bool(cls.jobs))
+                jobs, cls.jobs = cls.jobs, []
+            count = len(jobs)
+            try:
+                while jobs:
+                    buffer = jobs.pop()  # no reference of this thread outlives its release
+                    try:
+                        release_host_buffer(buffer)
+                    except BaseException as error:  # kept for the producer; this thread goes on
+                        with cls.cond:
+                            cls.error = cls.error or error
+                    del buffer
+            finally:
+                with cls.cond:
+                    cls.inflight -= count
+                    cls.cond.notify_all()
+
+    @classmethod
+    def wait(cls) -> None:
+        with cls.cond:
+            cls.cond.wait_for(lambda: cls.inflight == 0)
+            cls._raise_error()
+
+    @classmethod
+    def _raise_error(cls) -> None:
+        """Raises the kept error once (the caller holds ``cond``)."""
+        error, cls.error = cls.error, None
+        if error is not None:
+            raise RuntimeError(f"freeing the host buffer of a batch failed: {error}") from error
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_Releaser.reset)
+
+
 def release_later(buffer: torch.Tensor, device: torch.device) -> None:
     """Queues ``buffer`` for :func:`release_host_buffer` after the work queued so far on ``device``'s current stream
     (at once on the CPU), and releases the buffers queued before whose work has finished."""
@@ -394,15 +474,26 @@ def release_later(buffer: torch.Tensor, device: torch.device) -> None:
     release_pending()
 
 
-def release_pending() -> int:
-    """Releases every queued buffer whose work has finished; returns how many are still waiting."""
+def release_pending(wait: bool = False) -> int:
+    """Releases every queued buffer whose work has finished; returns how many are still waiting for their work.
+
+    A CPU batch's buffer is released here; a CUDA batch's by the :class:`_Releaser` thread, so the caller (the
+    producer thread) does not spend the time. ``wait``: return only once that thread has released what it was given.
+    """
     with _PendingRelease.lock:
         waiting, ready = [], []
         for item in _PendingRelease.pending:
             (ready if item[0] is None or item[0].query() else waiting).append(item)
         _PendingRelease.pending = waiting
-    for _, done in ready:
-        release_host_buffer(done)
+    threaded = [buffer for event, buffer in ready if event is not None]
+    if threaded:
+        _Releaser.hand_over(threaded)
+    for event, buffer in ready:
+        if event is None:
+            release_host_buffer(buffer)
+    del ready, threaded
+    if wait:
+        _Releaser.wait()
     return len(waiting)
 
 

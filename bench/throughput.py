@@ -10,6 +10,7 @@ line; the parent prints a Markdown table with ratios to the plain loop.
     python bench/throughput.py ... --variants raw,app_synthetic,app_nvtx,app_folder --data /data/jpegs
     python bench/throughput.py ... --gpus 1,2 --launcher torchrun      # DDP scaling, each variant on 1 and 2 GPUs
     taskset -c 0-15 python bench/throughput.py ... --workers 14 --variants app_synthetic,app_folder_gpu@0.7
+    python bench/throughput.py ... --compile --inductor conv_1x1_as_mm=true --child app_synthetic:reduce-overhead
 
 Variants:
     raw            the plain loop (.carry/raw_loop.py, or --raw-loop PATH): synthetic data on the GPU
@@ -23,7 +24,11 @@ Variants:
                    workers (cpu_decode.py) instead of PIL's
     app_folder_gpu the app on the same folder with data.decode=gpu: nvJPEG decode + crop/resize/flip on the GPU
     app_folder_gpu@S  the same with data.cpu_decode_share=S: the workers decode that share of the files with PIL
-                   (data.cpu_decoder=pil in every app_folder_gpu row, as the rows measured before that option)
+                   (data.cpu_decoder=pil in every app_folder_gpu row but the next, as the rows measured before that
+                   option)
+    app_folder_gpu_tv@S  the split with data.cpu_decoder=torchvision: the workers' share decoded by torchvision
+                   (_tv also after _preallocated: app_folder_gpu_preallocated_tv@S); without @S the same as
+                   app_folder_gpu (the files nvJPEG must not get are not plain JPEGs: PIL decodes them either way)
     app_folder_gpu_pageable@S  the same, with the finished crops copied to the GPU from pageable memory as before
                    they were staged in page-locked memory (gpu_decode._staged bypassed): that change side by side
     app_folder_gpu_preallocated[@S]  app_folder_gpu[@S] with data.nvjpeg=preallocated (nvjpeg_batched.py's decoder)
@@ -45,6 +50,11 @@ Variants:
 
     Order: NAME[@SHARE][:MODE[:tuned]][+OPTION...], e.g. app_folder_gpu@0.85:reduce-overhead+bucket_view. The full
     string names the row in the table.
+
+``--inductor KEY=VALUE`` sets a ``torch._inductor.config`` option in every variant's process (one run per setting,
+so settings compare as one process after the other; bench/RESULTS.md, fifteenth session: ``conv_1x1_as_mm``,
+``aggressive_fusion`` and ``triton.enable_pdl`` on ResNet-50 under ``reduce-overhead``, all within 1.2% of the
+default).
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 The warm-up (default 20 steps eager, 60 compiled) is the same for every variant of a run whatever its compile mode,
@@ -81,8 +91,10 @@ VARIANTS = (
     "app_folder",
     "app_folder_tv",
     "app_folder_gpu",
+    "app_folder_gpu_tv",
     "app_folder_gpu_pageable",
     "app_folder_gpu_preallocated",
+    "app_folder_gpu_preallocated_tv",
     "app_folder_gpu_onegroup",
 )
 
@@ -150,7 +162,7 @@ def split_variant(variant: str) -> tuple[str, float]:
     if name not in VARIANTS or (at and not name.startswith("app_folder_gpu")):
         raise ValueError(
             f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, "
-            "app_folder_gpu[_pageable|_preallocated|_onegroup]@SHARE"
+            "app_folder_gpu[_tv|_pageable|_preallocated|_preallocated_tv|_onegroup]@SHARE"
         )
     try:
         value = float(share) if at else 0.0
@@ -166,8 +178,9 @@ def split_variant(variant: str) -> tuple[str, float]:
 
 def workers_decoder(name: str) -> str:
     """The ``data.cpu_decoder`` of app variant ``name`` (without ``@``, ``:`` or ``+`` suffixes): explicit in every
-    row, because the rows before that option decoded with PIL; ``app_folder_tv`` is the torchvision decoder."""
-    return "torchvision" if name == "app_folder_tv" else "pil"
+    row, because the rows before that option decoded with PIL; the ``_tv`` rows (``app_folder_tv``, and the split's
+    CPU share in ``app_folder_gpu[_preallocated]_tv``) are the torchvision decoder."""
+    return "torchvision" if name.endswith("_tv") else "pil"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -190,11 +203,68 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus", default="1", help="comma-separated GPU counts to run every variant on, e.g. 1,2")
     p.add_argument("--launcher", default="lightning", choices=["lightning", "torchrun"], help="app under DDP")
     p.add_argument("--raw-loop", default=str(ROOT / ".carry" / "raw_loop.py"))
+    p.add_argument(
+        "--inductor",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set torch._inductor.config KEY (dotted, e.g. triton.enable_pdl) to the JSON VALUE in every variant's "
+        "process, the plain loop's too (repeatable; under --compile): e.g. --inductor conv_1x1_as_mm=true",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.warmup is None:
         a.warmup = 60 if a.compile else 20
+    try:
+        a.inductor_options = inductor_options(a.inductor)
+    except ValueError as error:
+        p.error(str(error))
+    if a.inductor and not a.compile:
+        p.error("--inductor sets torch.compile's inductor options: add --compile")
     return a
+
+
+def inductor_options(pairs: list[str]) -> dict:
+    """``["triton.enable_pdl=true"]`` -> ``{"triton.enable_pdl": True}``, each key checked against this torch's
+    ``torch._inductor.config``."""
+    import torch._inductor.config as config
+
+    options = {}
+    for pair in pairs:
+        key, eq, text = pair.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--inductor {pair!r}: give KEY=VALUE, e.g. conv_1x1_as_mm=true")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            raise ValueError(f'--inductor {pair!r}: VALUE must be JSON (true, 1, 0.5, "text")') from None
+        owner, *parents, leaf = [config, *key.split(".")]
+        for name in parents:
+            owner = getattr(owner, name, None)
+        if owner is None or not hasattr(owner, leaf):
+            raise ValueError(
+                f"--inductor {pair!r}: torch {torch_version()} has no inductor option {key!r} (its options: "
+                "python -c 'import torch; print(torch._inductor.list_options())')"
+            )
+        options[key] = value
+    return options
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def apply_inductor_options(options: dict) -> None:
+    """Sets each option on ``torch._inductor.config`` (process-wide: the variant's compile reads it)."""
+    import torch._inductor.config as config
+
+    for key, value in options.items():
+        owner, *parents, leaf = [config, *key.split(".")]
+        for name in parents:
+            owner = getattr(owner, name)
+        setattr(owner, leaf, value)
 
 
 def run_raw(a: argparse.Namespace) -> dict:
@@ -267,7 +337,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         synthetic_train_steps=a.warmup + a.steps + 5,
         decode="gpu" if name.startswith("app_folder_gpu") else "cpu",
         cpu_decode_share=cpu_share,
-        nvjpeg="preallocated" if name.endswith("_preallocated") else "torchvision",
+        nvjpeg="preallocated" if "_preallocated" in name else "torchvision",
         cpu_decoder=workers_decoder(name),
     )
     model = ImageNetClassifier(
@@ -362,6 +432,7 @@ def main(argv: list[str] | None = None) -> None:
         # once, and then exit, so that a variant that hangs does not eat the whole device call.
         faulthandler.dump_traceback_later(float(every or after), repeat=bool(every), exit=not every)
     if a.child:
+        apply_inductor_options(a.inductor_options)
         result = run_raw(a) if a.child == "raw" else run_app(a, a.child)
         if result:
             print("RESULT " + json.dumps(result), flush=True)
@@ -409,6 +480,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{variant} x{gpus}: {rows[variant, gpus]}", flush=True)
     config = f"{a.arch}, {a.precision}, {'channels_last' if a.channels_last else 'NCHW'}, "
     config += f"{'compiled' if a.compile else 'eager'}, batch {a.batch}/GPU"
+    config += "".join(f", inductor {key}={json.dumps(value)}" for key, value in a.inductor_options.items())
     if max(gpu_counts) > 1:
         config += f", app DDP via {a.launcher}"
     print()

@@ -207,7 +207,7 @@ def test_split_decode_copies_the_finished_crops_exactly_and_decodes_the_rest(tmp
     ((gx, gy),) = list(DevicePrefetcher([batch], "cuda", decoder=decoder))
     ((cx, cy),) = list(DevicePrefetcher([reference], "cpu", decoder=decoder))
     torch.cuda.synchronize()
-    assert release_pending() == 0  # the host buffer goes back once the work queued on it is done
+    assert release_pending(wait=True) == 0  # the host buffer goes back once the work queued on it is done
     assert batch[0].data.numel() == 0
     assert torch.equal(gy.cpu(), cy)
     assert torch.equal(gx[:finished].cpu(), cx[:finished])  # copied and normalized, bit for bit

@@ -4,6 +4,7 @@ batched one against the per-image reference)."""
 from __future__ import annotations
 
 import io
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -238,6 +239,94 @@ def test_packed_batches_from_worker_processes_decode_as_in_the_main_process(file
     assert len(in_workers) == len(in_main) == 3
     for (x, y), (ref_x, ref_y) in zip(in_workers, in_main, strict=True):
         assert torch.equal(y, ref_y) and torch.equal(x, ref_x)
+
+
+def test_cuda_batches_buffers_are_released_on_the_releaser_thread_once_their_work_is_done(monkeypatch):
+    import gpu_decode
+
+    released: list[tuple[str, int]] = []
+    real = gpu_decode.release_host_buffer
+
+    def spy(buffer: torch.Tensor) -> bool:
+        released.append((threading.current_thread().name, buffer.numel()))
+        return real(buffer)
+
+    class Event:  # stands in for a CUDA event: whether the batch's work has passed
+        def __init__(self, done: bool) -> None:
+            self.done = done
+
+        def query(self) -> bool:
+            return self.done
+
+    monkeypatch.setattr(gpu_decode, "release_host_buffer", spy)
+    monkeypatch.setattr(gpu_decode._PendingRelease, "pending", [])
+    done, busy = (torch.ones(2**20, dtype=torch.uint8).share_memory_() for _ in range(2))
+    busy_event = Event(False)
+    gpu_decode._PendingRelease.pending += [(Event(True), done), (busy_event, busy)]
+    assert gpu_decode.release_pending(wait=True) == 1  # the one whose work is still queued waits
+    assert done.numel() == 0 and busy.numel() == 2**20
+    assert released == [("HostBufferReleaser", 2**20)]  # not the caller's thread: the producer does not pay for it
+    busy_event.done = True
+    assert gpu_decode.release_pending(wait=True) == 0 and busy.numel() == 0
+    cpu = torch.ones(16, dtype=torch.uint8)
+    gpu_decode.release_later(cpu, torch.device("cpu"))  # a CPU batch: released by the caller, at once
+    assert cpu.numel() == 0 and released[-1] == (threading.current_thread().name, 16)
+
+
+def test_a_failed_release_reaches_the_producer_and_the_releaser_goes_on(monkeypatch):
+    import gpu_decode
+
+    real = gpu_decode.release_host_buffer
+
+    def failing(buffer: torch.Tensor) -> bool:
+        if buffer.numel() == 7:
+            raise ValueError("cannot free this one")
+        return real(buffer)
+
+    monkeypatch.setattr(gpu_decode, "release_host_buffer", failing)
+    bad, good = torch.ones(7, dtype=torch.uint8), torch.ones(9, dtype=torch.uint8).share_memory_()
+    gpu_decode._Releaser.hand_over([bad, good])
+    with pytest.raises(RuntimeError, match="freeing the host buffer of a batch failed: cannot free this one"):
+        gpu_decode._Releaser.wait()  # raised once, where the producer would see it; not a hang
+    assert good.numel() == 0 and gpu_decode._Releaser.inflight == 0
+    later = torch.ones(9, dtype=torch.uint8).share_memory_()
+    gpu_decode._Releaser.hand_over([later])  # the thread survived the error
+    gpu_decode._Releaser.wait()
+    assert later.numel() == 0 and gpu_decode._Releaser.thread.is_alive()
+
+
+def test_a_forked_child_starts_the_releaser_afresh():
+    import os
+    import signal
+
+    import gpu_decode
+
+    gpu_decode._Releaser.hand_over([torch.ones(4, dtype=torch.uint8).share_memory_()])
+    gpu_decode._Releaser.wait()
+    with gpu_decode._Releaser.cond:  # forked while another thread holds the lock: the child must not inherit it
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            signal.alarm(20)  # a child that inherited the held lock would hang: let it die instead
+            ok = gpu_decode._Releaser.thread is None and gpu_decode._Releaser.inflight == 0
+            child = torch.ones(4, dtype=torch.uint8).share_memory_()
+            gpu_decode._Releaser.hand_over([child])
+            gpu_decode._Releaser.wait()
+            os._exit(0 if ok and child.numel() == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_where_no_thread_can_start_the_caller_releases(monkeypatch):
+    import gpu_decode
+
+    def refuse(self) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(gpu_decode._Releaser, "thread", None)
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    buffer = torch.ones(4, dtype=torch.uint8).share_memory_()
+    gpu_decode._Releaser.hand_over([buffer])
+    assert buffer.numel() == 0 and gpu_decode._Releaser.inflight == 0 and gpu_decode._Releaser.thread is None
 
 
 def test_a_shared_buffer_is_freed_unless_another_tensor_still_reads_it():

@@ -332,7 +332,49 @@ def test_folder_rows_are_compared_with_the_synthetic_row_of_their_compile_mode(t
 
 
 def test_every_row_names_its_workers_decoder(throughput) -> None:
-    # The rows before data.cpu_decoder decoded with PIL; only app_folder_tv runs the torchvision decoder.
+    # The rows before data.cpu_decoder decoded with PIL; only the _tv rows run the torchvision decoder.
     for variant, decoder in (("app_folder", "pil"), ("app_folder_tv:reduce-overhead", "torchvision"),
-                             ("app_folder_gpu@0.7", "pil"), ("app_synthetic", "pil")):  # fmt: skip
+                             ("app_folder_gpu@0.7", "pil"), ("app_folder_gpu_tv@0.6:reduce-overhead", "torchvision"),
+                             ("app_folder_gpu_preallocated_tv@0.5", "torchvision"),
+                             ("app_folder_gpu_preallocated@0.5", "pil"),
+                             ("app_synthetic", "pil")):  # fmt: skip
         assert throughput.workers_decoder(throughput.split_variant(variant)[0]) == decoder
+
+
+def test_inductor_options_are_checked_passed_to_every_child_and_set_there(throughput, monkeypatch, capsys) -> None:
+    import subprocess
+    from types import SimpleNamespace
+
+    import torch._inductor.config as config
+
+    a = throughput.parse(["--compile", "--inductor", "conv_1x1_as_mm=true", "--inductor", "triton.enable_pdl=1"])
+    assert a.inductor_options == {"conv_1x1_as_mm": True, "triton.enable_pdl": 1}
+    for argv, message in (
+        (["--compile", "--inductor", "no_such_option=1"], "has no inductor option 'no_such_option'"),
+        (["--compile", "--inductor", "triton.nope=1"], "has no inductor option 'triton.nope'"),
+        (["--compile", "--inductor", "conv_1x1_as_mm=yes"], "VALUE must be JSON"),
+        (["--compile", "--inductor", "conv_1x1_as_mm"], "give KEY=VALUE"),
+        (["--inductor", "conv_1x1_as_mm=true"], "add --compile"),
+    ):
+        with pytest.raises(SystemExit):
+            throughput.parse(argv)
+        assert message in capsys.readouterr().err
+
+    # Set in the child's process, where the compile reads them (restored after the test).
+    monkeypatch.setattr(config, "conv_1x1_as_mm", False)
+    monkeypatch.setattr(config.triton, "enable_pdl", False)
+    throughput.apply_inductor_options(a.inductor_options)
+    assert config.conv_1x1_as_mm is True and config.triton.enable_pdl == 1
+
+    # The parent forwards them to every variant's process and names them in the table's header.
+    commands = []
+
+    def fake_run(cmd, capture_output, text, env):  # noqa: ANN001
+        commands.append(cmd)
+        result = {"img_s": 5000.0, "ms_per_step": 1.0, "peak_mem_gib": 11.0}
+        return SimpleNamespace(returncode=0, stdout="RESULT " + json.dumps(result) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    throughput.main(["--compile", "--inductor", "conv_1x1_as_mm=true", "--variants", "raw,app_synthetic"])
+    assert len(commands) == 2 and all(cmd[cmd.index("--inductor") + 1] == "conv_1x1_as_mm=true" for cmd in commands)
+    assert "compiled, batch 256/GPU, inductor conv_1x1_as_mm=true)" in capsys.readouterr().out

@@ -1,0 +1,150 @@
+"""Where the prefetcher's producer thread spends its time: wall and CPU time per call of each step, per thread.
+
+    python bench/producer_timing.py [--switch-ms MS] [--sync-release] -- SCRIPT [ARGS ...]
+
+Runs the Python script SCRIPT (e.g. ``bench/throughput.py ... --child app_folder_gpu_tv@0.5:reduce-overhead``, one
+variant in this process) with the input path's functions wrapped, and at exit prints one Markdown row per thread and
+function: calls, wall and CPU milliseconds per call (inclusive: ``decode_batch`` holds ``_decode``), and the total
+wall seconds. Under ``data.decode: gpu`` the producer thread (``DevicePrefetcher``) decodes every batch; when the
+main thread's ``queue.Queue.get`` (its wait for the next batch) takes about a step, that thread sets the pace, and
+its rows say on what. Wall well above CPU means the thread waited (for the GIL, a lock, the loader's workers);
+CPU near wall means it worked, or spun: a CUDA synchronization spins on a CPU core by default.
+
+On an H200, ResNet-50 compiled with ``reduce-overhead`` and half the 300-500 px JPEGs decoded by nvJPEG, the
+producer took 55-67 ms a batch where the model's step on synthetic data takes 38 ms, 35-38 ms of it CPU time inside
+nvJPEG's batched decode (bench/RESULTS.md, fifteenth session).
+
+Options:
+    --switch-ms MS    the interpreter's thread switch interval (``sys.setswitchinterval``; Python's default is 5 ms):
+                      whether the GIL's hand-over holds the producer back
+    --sync-release    free the host buffers of CUDA batches on the producer thread, as before ``gpu_decode``'s
+                      releaser thread: that change side by side
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import functools
+import math
+import os
+import queue
+import runpy
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: (thread name, thread ident, function) -> [calls, wall s, CPU s]; two producers (training and validation) share a
+#: name, so the ident keeps them apart.
+STATS: dict[tuple[str, int, str], list] = defaultdict(lambda: [0, 0.0, 0.0])
+_LOCK = threading.Lock()
+
+
+def timed(owner: object, attr: str, label: str) -> None:
+    """Replaces ``owner.attr`` by a wrapper that adds each call's wall and thread CPU time to
+    ``STATS[thread name, thread ident, label]``."""
+    fn: Callable = getattr(owner, attr)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+            thread = threading.current_thread()
+            with _LOCK:
+                row = STATS[thread.name, thread.ident or 0, label]
+                row[0] += 1
+                row[1] += wall
+                row[2] += cpu
+
+    setattr(owner, attr, wrapper)
+
+
+def instrument(sync_release: bool = False) -> None:
+    """Wraps the loader's ``__next__``, ``queue.Queue.get`` (on the main thread, its wait for the producer), the
+    prefetcher's ``_to_device`` and ``normalize``, and ``gpu_decode``'s steps, ``release_host_buffer`` included (on
+    the thread that frees the buffer: ``HostBufferReleaser``, or the producer with ``sync_release``). Must run before
+    the data module is imported: it imports ``decode_batch`` by name."""
+    import torch.utils.data.dataloader as dataloader
+
+    import gpu_decode
+    import prefetcher
+
+    timed(dataloader._MultiProcessingDataLoaderIter, "__next__", "loader next (workers' batch)")
+    timed(queue.Queue, "get", "queue.Queue.get (on MainThread: its wait for the producer)")
+    timed(prefetcher.DevicePrefetcher, "_to_device", "_to_device (the whole batch)")
+    timed(prefetcher, "normalize", "normalize")
+    for name in ("decode_batch", "_decode", "_crop_resize", "_staged", "release_later", "release_host_buffer"):
+        timed(gpu_decode, name, name)
+    timed(gpu_decode._DecodeStream, "decode", "nvJPEG decode (_DecodeStream.decode)")
+    timed(gpu_decode.PackedBatch, "unpack", "PackedBatch.unpack")
+    if sync_release:
+
+        def release_here(buffers: list) -> None:
+            for buffer in buffers:
+                gpu_decode.release_host_buffer(buffer)
+
+        gpu_decode._Releaser.hand_over = release_here
+
+
+def table(stats: dict[tuple[str, int, str], list], seconds: float) -> list[str]:
+    """The Markdown table of ``stats``, the longest total wall time first. Threads that share a name are told apart
+    as ``name#2``, ``name#3``, ... in the order they first appear."""
+    lines = [
+        f"producer timing over {seconds:.1f} s of the process (inclusive times per call)",
+        "| thread | function | calls | wall ms/call | CPU ms/call | wall s |",
+        "|---|---|---|---|---|---|",
+    ]
+    idents: dict[str, list[int]] = {}
+    for name, ident, _ in stats:
+        idents.setdefault(name, [])
+        if ident not in idents[name]:
+            idents[name].append(ident)
+    for (name, ident, label), (calls, wall, cpu) in sorted(stats.items(), key=lambda kv: -kv[1][1]):
+        k = idents[name].index(ident)
+        thread = name if k == 0 else f"{name}#{k + 1}"
+        lines.append(
+            f"| {thread} | {label} | {calls} | {wall / calls * 1e3:.2f} | {cpu / calls * 1e3:.2f} | {wall:.2f} |"
+        )
+    return lines
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--switch-ms", type=float, help="sys.setswitchinterval in milliseconds")
+    p.add_argument("--sync-release", action="store_true", help="free CUDA batches' host buffers on the producer")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS ...]")
+    a = p.parse_args(argv)
+    if a.command[:1] == ["--"]:
+        a.command = a.command[1:]
+    if not a.command:
+        p.error("give the script to run after --, e.g. -- bench/throughput.py ... --child VARIANT")
+    if not Path(a.command[0]).is_file():
+        p.error(f"script {a.command[0]!r} not found")
+    if a.switch_ms is not None and not (math.isfinite(a.switch_ms) and a.switch_ms > 0):
+        p.error(f"--switch-ms must be a number > 0, got {a.switch_ms}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse(sys.argv[1:] if argv is None else argv)
+    sys.path.insert(0, str(ROOT))
+    if a.switch_ms is not None:
+        sys.setswitchinterval(a.switch_ms / 1000)
+    instrument(a.sync_release)
+    start = time.perf_counter()
+    atexit.register(lambda: print("\n".join(table(STATS, time.perf_counter() - start)), flush=True))
+    sys.argv = a.command
+    sys.path.insert(0, os.path.dirname(os.path.abspath(a.command[0])))  # as `python SCRIPT` has it
+    runpy.run_path(a.command[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

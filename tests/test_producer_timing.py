@@ -1,0 +1,114 @@
+"""bench/producer_timing.py: wall and CPU time of the input path's steps, per thread, around a real script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import shapes_dataset
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "bench" / "producer_timing.py"
+
+# The decode split's input path on the CPU: two workers pack batches (half the files finished there), the prefetcher
+# decodes the rest with gpu_decode.decode_batch (as its producer thread does on CUDA). Prints the batch count.
+SPLIT_RUN = """
+import sys
+from functools import partial
+from pathlib import Path
+import torch
+from torchvision import transforms
+from datamodule import load_rgb
+from gpu_decode import EncodedSampleLoader, decode_batch, encoded_collate
+from prefetcher import DevicePrefetcher
+root = Path(sys.argv[1])
+crop = transforms.Compose([transforms.Resize(73), transforms.CenterCrop(64)])
+loader = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb, cpu_share=0.5, cpu_transform=crop)
+samples = [(loader(str(p)), i) for i, p in enumerate(sorted(root.glob("train/*/*.JPEG")))]
+class Samples(torch.utils.data.Dataset):
+    def __len__(self): return len(samples)
+    def __getitem__(self, i): return samples[i]
+data = torch.utils.data.DataLoader(Samples(), batch_size=4, num_workers=2, collate_fn=encoded_collate)
+batches = list(DevicePrefetcher(data, "cpu", decoder=partial(decode_batch, size=64)))
+print("BATCHES", len(batches), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def split_script(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("producer_timing")
+    root = shapes_dataset.generate(folder / "shapes", train_per_class=3, val_per_class=1, image_size=96)
+    script = folder / "split_run.py"
+    script.write_text(SPLIT_RUN)
+    return script, root
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, cwd=REPO, check=False
+    )
+
+
+def rows(stdout: str) -> dict[tuple[str, str], list[str]]:
+    table = [line.strip("|").split("|") for line in stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    return {(cells[0].strip(), cells[1].strip()): [c.strip() for c in cells[2:]] for cells in table[1:]}
+
+
+def test_times_each_step_of_a_real_split_run_per_thread(split_script) -> None:
+    script, root = split_script
+    result = run("--switch-ms", "1", "--", str(script), str(root))
+    assert result.returncode == 0, result.stderr[-3000:]
+    batches = int(result.stdout.split("BATCHES")[1].split()[0])
+    timing = rows(result.stdout)
+    assert batches == 8  # 30 files (10 classes x 3) in batches of 4
+    # Every batch went through the decode and its steps, on the thread that consumed the loader (here the main one).
+    for label in ("decode_batch", "_decode", "_crop_resize", "release_later", "_to_device (the whole batch)"):
+        calls, wall_ms, cpu_ms, _ = timing["MainThread", label]
+        assert int(calls) == batches and float(wall_ms) > 0 and float(wall_ms) >= float(cpu_ms) - 0.05
+    assert int(timing["MainThread", "loader next (workers' batch)"][0]) == batches + 1  # the last one ends it
+    # Inclusive times: the whole batch holds its decode.
+    assert float(timing["MainThread", "_to_device (the whole batch)"][3]) >= float(timing["MainThread", "_decode"][3])
+    assert "producer timing over" in result.stdout
+
+
+def test_sync_release_frees_a_cuda_batchs_buffer_on_the_calling_thread(tmp_path) -> None:
+    script = tmp_path / "hand_over.py"
+    script.write_text(
+        "import torch, gpu_decode\n"
+        "buffer = torch.ones(4096, dtype=torch.uint8).share_memory_()\n"
+        "gpu_decode._Releaser.hand_over([buffer])\n"
+        "print('AT ONCE', buffer.numel() == 0, 'THREAD', gpu_decode._Releaser.thread is not None)\n"
+        "gpu_decode._Releaser.wait()\n"
+        "print('RELEASED', buffer.numel() == 0)\n"
+    )
+    synced = run("--sync-release", "--", str(script)).stdout
+    assert "AT ONCE True THREAD False\nRELEASED True" in synced
+    assert "| MainThread | release_host_buffer | 1 |" in synced  # the release is timed where it ran
+    # Without the flag the releaser thread does it (started at the hand-over).
+    threaded = run("--", str(script)).stdout
+    assert "THREAD True\nRELEASED True" in threaded and "| HostBufferReleaser | release_host_buffer | 1 |" in threaded
+
+
+def test_refuses_a_missing_script_or_a_bad_interval() -> None:
+    missing = run("--", "no/such/script.py")
+    assert missing.returncode == 2 and "script 'no/such/script.py' not found" in missing.stderr
+    assert "give the script to run after --" in run().stderr
+    for value in ("0", "inf", "nan"):
+        bad = run("--switch-ms", value, "--", str(SCRIPT))
+        assert bad.returncode == 2 and "--switch-ms must be a number > 0, got" in bad.stderr
+
+
+def test_threads_that_share_a_name_get_rows_of_their_own(bench_script) -> None:
+    producer_timing = bench_script("producer_timing")
+    stats = {
+        ("DevicePrefetcher", 11, "decode_batch"): [2, 0.2, 0.1],
+        ("DevicePrefetcher", 22, "decode_batch"): [1, 0.05, 0.05],
+        ("MainThread", 1, "queue.Queue.get"): [3, 0.3, 0.0],
+    }
+    lines = producer_timing.table(stats, 1.0)
+    assert lines[3] == "| MainThread | queue.Queue.get | 3 | 100.00 | 0.00 | 0.30 |"
+    assert lines[4] == "| DevicePrefetcher | decode_batch | 2 | 100.00 | 50.00 | 0.20 |"
+    assert lines[5] == "| DevicePrefetcher#2 | decode_batch | 1 | 50.00 | 50.00 | 0.05 |"
