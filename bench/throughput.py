@@ -52,9 +52,9 @@ Variants:
     string names the row in the table.
 
 ``--inductor KEY=VALUE`` sets a ``torch._inductor.config`` option in every variant's process (one run per setting,
-so settings compare as one process after the other; bench/RESULTS.md, fifteenth session: ``conv_1x1_as_mm``,
-``aggressive_fusion`` and ``triton.enable_pdl`` on ResNet-50 under ``reduce-overhead``, all within 1.2% of the
-default).
+so settings compare as one process after the other). On ResNet-50 under ``reduce-overhead`` none of
+``conv_1x1_as_mm``, ``aggressive_fusion`` and ``triton.enable_pdl`` beat the default's two runs, and PDL was 1.1-1.4%
+slower (bench/RESULTS.md, fifteenth session).
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 The warm-up (default 20 steps eager, 60 compiled) is the same for every variant of a run whatever its compile mode,
