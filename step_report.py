@@ -257,13 +257,25 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
     if data is not None and data > DATA_WAIT_PCT:
         if overall.get("input") == "gpu-decode":
             # Measured with nsys on an H200 (bench/RESULTS.md, fourth session): nvJPEG decodes on the JPEG engines, not
-            # the SMs; the stall is the training process's per-image host work beside the training thread. The workers
-            # can take a share of the files off it, while they have cores to spare.
-            advice = (
-                "the GPU decode path's per-image host work holds up the training process: raise "
-                "data.cpu_decode_share while CPU cores are free, or data.decode cpu with more data.workers or a "
-                "pre-resized copy (resize_dataset.py)"
+            # the SMs; the stall is the training process's host work beside the training thread. One producer thread
+            # does it for every batch, 34-46 ms of CPU in nvJPEG's batched call alone (bench/producer_timing.py,
+            # fifteenth session): longer than a compiled ResNet-50 step, where the split reached 0.76-0.79 of
+            # synthetic data and a pre-resized copy with the workers alone 0.997 (fourteenth). The workers can take a
+            # share of the files off that thread while they have cores to spare.
+            stall = (
+                "the GPU decode path's host work holds up the training process (one thread decodes every batch, "
+                "nvJPEG's batched call above all: bench/producer_timing.py times it)"
             )
+            if overall.get("compiled"):
+                advice = (
+                    f"{stall}: for a compiled model, data.decode cpu on a pre-resized copy (resize_dataset.py); else "
+                    "raise data.cpu_decode_share while CPU cores are free"
+                )
+            else:
+                advice = (
+                    f"{stall}: raise data.cpu_decode_share while CPU cores are free, or data.decode cpu with more "
+                    "data.workers or a pre-resized copy (resize_dataset.py)"
+                )
         else:
             # Fewer pixels per file: on an H200's 16 cores PIL kept compiled ResNet-50 fed from a copy at short side 256
             # (0.981 of synthetic) where the original 300-500 px files gave 0.517 (bench/RESULTS.md, tenth session).
@@ -295,7 +307,7 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
         # nsys on an H200: the decode thread's calls held the training thread's launches up (bench/RESULTS.md,
         # fourth and fifth sessions); the workers take files off it.
         remedy = (
-            "most likely the GPU decode's per-image host work: raise data.cpu_decode_share while CPU cores are free, "
+            "most likely the GPU decode's host work: raise data.cpu_decode_share while CPU cores are free, "
             f"or data.decode cpu on a resize_dataset.py copy; else {remedy}"
         )
     if input_ok and overall.get("cuda"):
