@@ -36,6 +36,10 @@
 #            with --cuda-graph-trace=node for the CUDA-graph modes), then nsys's kernel time per step beside the
 #            report's median step (opening the window under nsys drains the GPU's queue; the host then runs ahead),
 #            by kernel class (bench/kernel_classes.py)
+# producer : the compiled decode split under bench/producer_timing.py on CORES cores (default 16; CORES-2 workers):
+#            one process per variant of VARIANTS (default app_folder_gpu_tv@0.5 and @0.7, COMPILE default
+#            reduce-overhead appended to each), its img/s and where the prefetcher's producer thread spent each batch;
+#            SYNC_RELEASE=1 frees the host buffers on the producer as before the releaser thread; a synthetic row first
 # ddp-P    : bench/throughput.py on 1 and all GPUs of the machine (torchrun): raw loop, app synthetic, app nvJPEG
 #            folder; scaling. Workers: cores per GPU minus two (two left for each rank's training thread and producer)
 # cpuload-P: bench/cpu_load.py around bench/throughput.py on all GPUs (torchrun, cores per GPU minus two workers,
@@ -164,6 +168,16 @@ for stage in "$@"; do
     # nsys's own count: every kernel of the 5 window steps, by class (conv/GEMM against the memory-bound rest).
     nsys stats -r cuda_gpu_kern_sum -f csv -o /tmp/report_nsys /tmp/report_nsys.nsys-rep >/dev/null 2>&1
     python3 bench/kernel_classes.py /tmp/report_nsys_cuda_gpu_kern_sum.csv --steps 5 | tee -a "$out/$stage.txt" ;;
+  producer)
+    jpegs; cores=${CORES:-16}; mode=${COMPILE:-reduce-overhead}; sync=(); [ -n "${SYNC_RELEASE:-}" ] && sync=(--sync-release)
+    for v in app_synthetic $(echo "${VARIANTS:-app_folder_gpu_tv@0.5,app_folder_gpu_tv@0.7}" | tr , ' '); do
+      log="$out/producer_${v//[@:]/_}.txt"
+      BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
+        bench/producer_timing.py "${sync[@]}" -- bench/throughput.py --arch resnet50 --precision bf16 --channels-last \
+        --compile --workers $((cores - 2)) --data "$data" --child "$v:$mode" > "$log" 2>&1
+      echo "--- $v:$mode: $(grep -o '"img_s": [0-9.]*' "$log")"
+      grep -A14 "^producer timing" "$log" | grep -v "^$"
+    done ;;
   ddp-*)
     jpegs; p=${stage#*-}; n=$(nvidia-smi -L | wc -l)
     BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \

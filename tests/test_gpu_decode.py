@@ -305,13 +305,17 @@ def test_a_forked_child_starts_the_releaser_afresh():
     gpu_decode._Releaser.wait()
     with gpu_decode._Releaser.cond:  # forked while another thread holds the lock: the child must not inherit it
         pid = os.fork()
-        if pid == 0:  # pragma: no cover (the child)
-            signal.alarm(20)  # a child that inherited the held lock would hang: let it die instead
-            ok = gpu_decode._Releaser.thread is None and gpu_decode._Releaser.inflight == 0
-            child = torch.ones(4, dtype=torch.uint8).share_memory_()
-            gpu_decode._Releaser.hand_over([child])
-            gpu_decode._Releaser.wait()
-            os._exit(0 if ok and child.numel() == 0 else 1)
+        if pid == 0:  # pragma: no cover (the child: it must never return into pytest)
+            code = 1
+            try:
+                signal.alarm(20)  # a child that inherited the held lock would hang: let it die instead
+                ok = gpu_decode._Releaser.thread is None and gpu_decode._Releaser.inflight == 0
+                child = torch.ones(4, dtype=torch.uint8).share_memory_()
+                gpu_decode._Releaser.hand_over([child])
+                gpu_decode._Releaser.wait()
+                code = 0 if ok and child.numel() == 0 else 1
+            finally:
+                os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
 
