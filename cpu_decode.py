@@ -25,9 +25,12 @@ What stays as with PIL, and where the two differ:
   an array, as on the PIL path.
 
 :class:`TensorImageLoader` gives a ``(3, H, W)`` uint8 tensor or that PIL image; ``fast_collate`` takes both.
+:func:`workers_pipeline` gives the loader and transforms of either decoder.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torchvision.transforms.v2.functional as F
@@ -102,3 +105,35 @@ class ValTransform:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(resize_size={self.resize_size}, crop_size={self.crop_size})"
+
+
+def workers_pipeline(
+    decoder: str,
+    draft_min_side: int | None,
+    crop_size: int,
+    min_crop_scale: float,
+    val_resize_size: int,
+    val_crop_size: int,
+) -> tuple[Any, Any, Any]:
+    """``(loader, train transform, val transform)`` of ``data.cpu_decoder`` ``decoder``, without normalization (the GPU
+    normalizes): the data module's and ``bench/pil_decode_rate.py``'s one definition, so the benchmark measures what
+    the workers run. ``torchvision``: this module's loader and transforms; ``pil``: the PIL loader with torchvision's
+    ``RandomResizedCrop`` + ``RandomHorizontalFlip``, and ``Resize`` + ``CenterCrop``."""
+    if decoder == "torchvision":
+        return (
+            TensorImageLoader(draft_min_side=draft_min_side),
+            TrainTransform(crop_size, (min_crop_scale, 1.0)),
+            ValTransform(val_resize_size, val_crop_size),
+        )
+    if decoder == "pil":
+        return (
+            ImageLoader(draft_min_side=draft_min_side),
+            transforms.Compose(
+                [
+                    transforms.RandomResizedCrop(crop_size, scale=(min_crop_scale, 1.0)),
+                    transforms.RandomHorizontalFlip(),
+                ]
+            ),
+            transforms.Compose([transforms.Resize(val_resize_size), transforms.CenterCrop(val_crop_size)]),
+        )
+    raise ValueError(f"data.cpu_decoder must be one of {', '.join(CPU_DECODERS)}, got {decoder!r}")

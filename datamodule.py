@@ -38,7 +38,7 @@ import torch
 from lightning_fabric.utilities.seed import pl_worker_init_function
 from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
-from torchvision import datasets, transforms
+from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 import cpu_decode
@@ -447,21 +447,9 @@ class ImageNetDataModule(pl.LightningDataModule):
         # JPEGs at least twice as large as any crop needs are decoded at a reduced size that loses nothing.
         draft = min_decode_side(h.crop_size, h.min_crop_scale, h.val_resize_size)
         pil_loader = ImageLoader(draft_min_side=draft)
-        if h.cpu_decoder == "torchvision":
-            cpu_loader: Any = cpu_decode.TensorImageLoader(draft_min_side=draft)
-            normalize_free_train: Any = cpu_decode.TrainTransform(h.crop_size, (h.min_crop_scale, 1.0))
-            normalize_free_val: Any = cpu_decode.ValTransform(h.val_resize_size, h.val_crop_size)
-        else:
-            cpu_loader = pil_loader
-            normalize_free_train = transforms.Compose(
-                [
-                    transforms.RandomResizedCrop(h.crop_size, scale=(h.min_crop_scale, 1.0)),
-                    transforms.RandomHorizontalFlip(),
-                ]
-            )
-            normalize_free_val = transforms.Compose(
-                [transforms.Resize(h.val_resize_size), transforms.CenterCrop(h.val_crop_size)]
-            )
+        cpu_loader, normalize_free_train, normalize_free_val = cpu_decode.workers_pipeline(
+            h.cpu_decoder, draft, h.crop_size, h.min_crop_scale, h.val_resize_size, h.val_crop_size
+        )
         if self.gpu_decode:
             # The files of the CPU share are decoded and cropped by the very transforms of decode: cpu.
             share = h.cpu_decode_share

@@ -26,11 +26,10 @@ from pathlib import Path
 
 import torch
 from PIL import Image
-from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cpu_decode  # noqa: E402
-from image_loading import ImageLoader, min_decode_side  # noqa: E402
+from image_loading import min_decode_side  # noqa: E402
 from resize_dataset import image_files  # noqa: E402
 
 
@@ -48,14 +47,7 @@ def measure(
 
 def _measure(paths: list[Path], crop: int, min_scale: float, val_resize: int, repeats: int, decoder: str) -> float:
     draft = min_decode_side(crop, min_scale, val_resize)
-    if decoder == "torchvision":
-        load = cpu_decode.TensorImageLoader(draft_min_side=draft)
-        train = cpu_decode.TrainTransform(crop, (min_scale, 1.0))
-    else:
-        load = ImageLoader(draft_min_side=draft)
-        train = transforms.Compose(
-            [transforms.RandomResizedCrop(crop, scale=(min_scale, 1.0)), transforms.RandomHorizontalFlip()]
-        )
+    load, train, _ = cpu_decode.workers_pipeline(decoder, draft, crop, min_scale, val_resize, crop)
     torch.manual_seed(0)
     best = float("inf")
     for _ in range(repeats):

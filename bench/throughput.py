@@ -227,7 +227,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def inductor_options(pairs: list[str]) -> dict:
     """``["triton.enable_pdl=true"]`` -> ``{"triton.enable_pdl": True}``, each key checked against this torch's
     ``torch._inductor.config``."""
-    import torch._inductor.config as config
+    import torch
 
     options = {}
     for pair in pairs:
@@ -238,32 +238,33 @@ def inductor_options(pairs: list[str]) -> dict:
             value = json.loads(text)
         except json.JSONDecodeError:
             raise ValueError(f'--inductor {pair!r}: VALUE must be JSON (true, 1, 0.5, "text")') from None
-        owner, *parents, leaf = [config, *key.split(".")]
-        for name in parents:
-            owner = getattr(owner, name, None)
+        owner, leaf = _inductor_slot(key)
         if owner is None or not hasattr(owner, leaf):
             raise ValueError(
-                f"--inductor {pair!r}: torch {torch_version()} has no inductor option {key!r} (its options: "
+                f"--inductor {pair!r}: torch {torch.__version__} has no inductor option {key!r} (its options: "
                 "python -c 'import torch; print(torch._inductor.list_options())')"
             )
         options[key] = value
     return options
 
 
-def torch_version() -> str:
-    import torch
+def _inductor_slot(key: str) -> tuple[object | None, str]:
+    """``"triton.enable_pdl"`` -> ``(torch._inductor.config.triton, "enable_pdl")``; the owner is None when a part
+    before the last does not exist."""
+    import torch._inductor.config as config
 
-    return torch.__version__
+    owner: object | None = config
+    *parents, leaf = key.split(".")
+    for name in parents:
+        owner = getattr(owner, name, None)
+    return owner, leaf
 
 
 def apply_inductor_options(options: dict) -> None:
-    """Sets each option on ``torch._inductor.config`` (process-wide: the variant's compile reads it)."""
-    import torch._inductor.config as config
-
+    """Sets each option (checked by :func:`inductor_options`) on ``torch._inductor.config`` (process-wide: the
+    variant's compile reads it)."""
     for key, value in options.items():
-        owner, *parents, leaf = [config, *key.split(".")]
-        for name in parents:
-            owner = getattr(owner, name)
+        owner, leaf = _inductor_slot(key)
         setattr(owner, leaf, value)
 
 

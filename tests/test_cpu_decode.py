@@ -366,3 +366,18 @@ def test_the_cpu_share_of_the_gpu_path_uses_the_tensor_decoder(photos: list[Path
     want = TrainTransform(64, (0.08, 1.0))(TensorImageLoader()(str(photos[1])))
     assert torch.equal(got, want)
     assert_within_one_level(got, finished(None, PIL_TRAIN))  # without a cpu_loader: PIL, as before
+
+
+def test_workers_pipeline_gives_each_decoders_loader_and_transforms() -> None:
+    loader, train, val = cpu_decode.workers_pipeline("torchvision", 112, 64, 0.08, 73, 64)
+    assert isinstance(loader, cpu_decode.TensorImageLoader) and loader.draft_min_side == 112
+    assert repr(train) == "TrainTransform(size=64, scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333))"
+    assert repr(val) == "ValTransform(resize_size=73, crop_size=64)"
+    loader, train, val = cpu_decode.workers_pipeline("pil", None, 64, 0.5, 73, 60)
+    assert type(loader) is image_loading.ImageLoader and loader.draft_min_side is None
+    crop, flip = train.transforms
+    assert (crop.size, crop.scale, type(flip).__name__) == ((64, 64), (0.5, 1.0), "RandomHorizontalFlip")
+    resize, center = val.transforms
+    assert (resize.size, center.size) == (73, (60, 60))
+    with pytest.raises(ValueError, match="data.cpu_decoder must be one of pil, torchvision, got 'opencv'"):
+        cpu_decode.workers_pipeline("opencv", None, 64, 0.08, 73, 64)
