@@ -90,6 +90,12 @@ NVJPEG_BINDINGS = ("torchvision", "preallocated")
 #: Smallest side the preallocated decoder sizes its buffers for (most photo collections stay within it).
 PREALLOCATE_SIDE = 512
 
+#: Priority of the stream nvJPEG decodes on (lower is more urgent; PyTorch keeps stream pools at 0, -1, -2 and -3).
+#: Above the default pool that the prefetcher and torchvision's decoder draw from, so that this stream (and its
+#: allocator pool) is shared with neither; read when the stream is made (``bench/producer_timing.py
+#: --decode-priority``).
+DECODE_STREAM_PRIORITY = -1
+
 #: Pixels (crops x padded height x padded width) of one group of the batched resize: 64 crops of 512 x 512, about
 #: 50 MB of uint8 plus 100 MB of fp16 on the GPU while a group is resized. A batch over it goes in groups of crops of
 #: similar size, which also pad less: for 256 RandomResizedCrops of 300-500 px images, 3 groups and 35 M padded pixels
@@ -634,9 +640,7 @@ class _DecodeStream:
     _pools: dict[int, _DecodeStream] = {}
 
     def __init__(self, device: torch.device) -> None:
-        # High priority: a pool of streams apart from the default-priority ones that the prefetcher and torchvision's
-        # decoder draw from, so this stream (and its allocator pool) is shared with neither.
-        self.stream = torch.cuda.Stream(device=device, priority=-1)
+        self.stream = torch.cuda.Stream(device=device, priority=DECODE_STREAM_PRIORITY)
         self.lock = threading.Lock()
         self.parked: list[tuple[torch.cuda.Event, list[torch.Tensor]]] = []
         self.preallocated: Any = None  # nvjpeg_batched.BatchedDecoder, made at the first call that asks for it

@@ -33,6 +33,11 @@ IMAGENET_MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD_255 = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
+#: Priority of the prefetcher's side stream (lower is more urgent; PyTorch keeps stream pools at 0, -1, -2 and -3).
+#: Read when a prefetcher is made; ``bench/producer_timing.py --side-priority`` sets it for a side-by-side run.
+SIDE_STREAM_PRIORITY = 0
+
+
 #: The producer thread's name in the OS (at most 15 bytes): top, /proc, py-spy and Nsight Systems' thread rows show it.
 PRODUCER_THREAD_NAME = "prefetcher"
 
@@ -131,7 +136,7 @@ class DevicePrefetcher(LoaderProxy):
         self.is_cuda = self.device.type == "cuda"
         # One side stream per prefetcher: copies of consecutive batches are serialized on it, which is what
         # keeps at most one batch in flight beyond the one being consumed.
-        self.stream = torch.cuda.Stream(device=self.device) if self.is_cuda else None
+        self.stream = torch.cuda.Stream(device=self.device, priority=SIDE_STREAM_PRIORITY) if self.is_cuda else None
         #: While a list (the step report switches it on for a profiling window only), every CUDA batch appends its
         #: :class:`CopyEvents` to it; ``None`` costs nothing. list.append is atomic, also from the decode thread.
         self.timing: list[CopyEvents] | None = None

@@ -39,7 +39,9 @@
 # producer : the compiled decode split under bench/producer_timing.py on CORES cores (default 16; CORES-2 workers):
 #            one process per variant of VARIANTS (default app_folder_gpu_tv@0.5 and @0.7, COMPILE default
 #            reduce-overhead appended to each), its img/s and where the prefetcher's producer thread spent each batch;
-#            SYNC_RELEASE=1 frees the host buffers on the producer as before the releaser thread; a synthetic row first
+#            SYNC_RELEASE=1 frees the host buffers on the producer as before the releaser thread; PRODUCER_ARGS adds
+#            producer_timing.py's other options (e.g. "--side-priority -1 --decode-priority -2"), TAG names the logs
+#            of such a run apart; a synthetic row first
 # ddp-P    : bench/throughput.py on 1 and all GPUs of the machine (torchrun): raw loop, app synthetic, app nvJPEG
 #            folder; scaling. Workers: cores per GPU minus two (two left for each rank's training thread and producer)
 # cpuload-P: bench/cpu_load.py around bench/throughput.py on all GPUs (torchrun, cores per GPU minus two workers,
@@ -170,13 +172,14 @@ for stage in "$@"; do
     python3 bench/kernel_classes.py /tmp/report_nsys_cuda_gpu_kern_sum.csv --steps 5 | tee -a "$out/$stage.txt" ;;
   producer)
     jpegs; cores=${CORES:-16}; mode=${COMPILE:-reduce-overhead}; sync=(); [ -n "${SYNC_RELEASE:-}" ] && sync=(--sync-release)
+    read -ra extra <<< "${PRODUCER_ARGS:-}"
     for v in app_synthetic $(echo "${VARIANTS:-app_folder_gpu_tv@0.5,app_folder_gpu_tv@0.7}" | tr , ' '); do
-      log="$out/producer_${v//[@:]/_}.txt"
+      log="$out/producer${TAG:+_$TAG}_${v//[@:]/_}.txt"
       BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
-        bench/producer_timing.py "${sync[@]}" -- bench/throughput.py --arch resnet50 --precision bf16 --channels-last \
+        bench/producer_timing.py "${sync[@]}" "${extra[@]}" -- bench/throughput.py --arch resnet50 --precision bf16 --channels-last \
         --compile --workers $((cores - 2)) --data "$data" --child "$v:$mode" > "$log" 2>&1
       echo "--- $v:$mode: $(grep -o '"img_s": [0-9.]*' "$log")"
-      grep -A14 "^producer timing" "$log" | grep -v "^$"
+      grep -A22 "^producer timing" "$log" | grep -v "^$"
     done ;;
   ddp-*)
     jpegs; p=${stage#*-}; n=$(nvidia-smi -L | wc -l)

@@ -19,6 +19,15 @@ Options:
                       whether the GIL's hand-over holds the producer back
     --sync-release    free the host buffers of CUDA batches on the producer thread, as before ``gpu_decode``'s
                       releaser thread: that change side by side
+    --side-priority P, --decode-priority P
+                      the priority of the prefetcher's side stream (``prefetcher.SIDE_STREAM_PRIORITY``) and of
+                      nvJPEG's stream (``gpu_decode.DECODE_STREAM_PRIORITY``), from 0 (the default pool, where the
+                      training stream is) to -3 (the most urgent): whether the input path's kernels, queued behind
+                      the training step's, hold the producer back. The two must differ (see DECODE_STREAM_PRIORITY).
+
+The rows ``torch.cuda.Event.synchronize`` and ``torch.cuda.Stream.synchronize`` are the thread's waits for the device
+(in ``_DecodeStream.decode``: for the previous batch's crops to be read before their memory is reused); ``torchvision
+decode_jpeg`` and ``BatchedDecoder.decode`` are nvJPEG's call itself, by binding.
 """
 
 from __future__ import annotations
@@ -67,14 +76,20 @@ def timed(owner: object, attr: str, label: str) -> None:
     setattr(owner, attr, wrapper)
 
 
-def instrument(sync_release: bool = False) -> None:
+def instrument(
+    sync_release: bool = False, side_priority: int | None = None, decode_priority: int | None = None
+) -> None:
     """Wraps the loader's ``__next__``, ``queue.Queue.get`` (on the main thread, its wait for the producer), the
-    prefetcher's ``_to_device`` and ``normalize``, and ``gpu_decode``'s steps, ``release_host_buffer`` included (on
-    the thread that frees the buffer: ``HostBufferReleaser``, or the producer with ``sync_release``). Must run before
-    the data module is imported: it imports ``decode_batch`` by name."""
+    prefetcher's ``_to_device`` and ``normalize``, ``gpu_decode``'s steps, ``release_host_buffer`` included (on
+    the thread that frees the buffer: ``HostBufferReleaser``, or the producer with ``sync_release``), CUDA event and
+    stream synchronizations, and nvJPEG's call through either binding; sets the streams' priorities that are given.
+    Must run before the data module is imported: it imports ``decode_batch`` by name."""
+    import torch
     import torch.utils.data.dataloader as dataloader
+    import torchvision.io
 
     import gpu_decode
+    import nvjpeg_batched
     import prefetcher
 
     timed(dataloader._MultiProcessingDataLoaderIter, "__next__", "loader next (workers' batch)")
@@ -85,6 +100,10 @@ def instrument(sync_release: bool = False) -> None:
         timed(gpu_decode, name, name)
     timed(gpu_decode._DecodeStream, "decode", "nvJPEG decode (_DecodeStream.decode)")
     timed(gpu_decode.PackedBatch, "unpack", "PackedBatch.unpack")
+    timed(torch.cuda.Event, "synchronize", "torch.cuda.Event.synchronize")
+    timed(torch.cuda.Stream, "synchronize", "torch.cuda.Stream.synchronize")
+    timed(torchvision.io, "decode_jpeg", "torchvision decode_jpeg")
+    timed(nvjpeg_batched.BatchedDecoder, "decode", "BatchedDecoder.decode")
     if sync_release:
 
         def release_here(buffers: list) -> None:
@@ -92,6 +111,10 @@ def instrument(sync_release: bool = False) -> None:
                 gpu_decode.release_host_buffer(buffer)
 
         gpu_decode._Releaser.hand_over = release_here
+    if side_priority is not None:
+        prefetcher.SIDE_STREAM_PRIORITY = side_priority
+    if decode_priority is not None:
+        gpu_decode.DECODE_STREAM_PRIORITY = decode_priority
 
 
 def table(stats: dict[tuple[str, int, str], list], seconds: float) -> list[str]:
@@ -120,6 +143,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--switch-ms", type=float, help="sys.setswitchinterval in milliseconds")
     p.add_argument("--sync-release", action="store_true", help="free CUDA batches' host buffers on the producer")
+    p.add_argument("--side-priority", type=int, help="prefetcher.SIDE_STREAM_PRIORITY, 0 to -3")
+    p.add_argument("--decode-priority", type=int, help="gpu_decode.DECODE_STREAM_PRIORITY, 0 to -3")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS ...]")
     a = p.parse_args(argv)
     if a.command[:1] == ["--"]:
@@ -130,15 +155,28 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(f"script {a.command[0]!r} not found")
     if a.switch_ms is not None and not (math.isfinite(a.switch_ms) and a.switch_ms > 0):
         p.error(f"--switch-ms must be a number > 0, got {a.switch_ms}")
+    for flag, value in (("--side-priority", a.side_priority), ("--decode-priority", a.decode_priority)):
+        if value is not None and not -3 <= value <= 0:
+            p.error(f"{flag} must be one of PyTorch's stream priorities 0, -1, -2, -3, got {value}")
+    sys.path.insert(0, str(ROOT))
+    import gpu_decode
+    import prefetcher
+
+    side = prefetcher.SIDE_STREAM_PRIORITY if a.side_priority is None else a.side_priority
+    decode = gpu_decode.DECODE_STREAM_PRIORITY if a.decode_priority is None else a.decode_priority
+    if side == decode:
+        p.error(
+            f"the side stream and nvJPEG's stream would both draw from priority {side}'s pool (--side-priority "
+            f"{side}, --decode-priority {decode}): give them different priorities"
+        )
     return a
 
 
 def main(argv: list[str] | None = None) -> None:
     a = parse(sys.argv[1:] if argv is None else argv)
-    sys.path.insert(0, str(ROOT))
     if a.switch_ms is not None:
         sys.setswitchinterval(a.switch_ms / 1000)
-    instrument(a.sync_release)
+    instrument(a.sync_release, a.side_priority, a.decode_priority)
     start = time.perf_counter()
     atexit.register(lambda: print("\n".join(table(STATS, time.perf_counter() - start)), flush=True))
     sys.argv = a.command

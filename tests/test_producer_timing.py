@@ -112,3 +112,19 @@ def test_threads_that_share_a_name_get_rows_of_their_own(bench_script) -> None:
     assert lines[3] == "| MainThread | queue.Queue.get | 3 | 100.00 | 0.00 | 0.30 |"
     assert lines[4] == "| DevicePrefetcher | decode_batch | 2 | 100.00 | 50.00 | 0.20 |"
     assert lines[5] == "| DevicePrefetcher#2 | decode_batch | 1 | 50.00 | 50.00 | 0.05 |"
+
+
+def test_sets_the_streams_priorities_and_refuses_a_shared_pool_or_a_value_out_of_range(tmp_path) -> None:
+    script = tmp_path / "priorities.py"
+    script.write_text(
+        "import gpu_decode, prefetcher\n"
+        "print('PRIORITIES', prefetcher.SIDE_STREAM_PRIORITY, gpu_decode.DECODE_STREAM_PRIORITY)\n"
+    )
+    assert "PRIORITIES 0 -1" in run("--", str(script)).stdout  # the app's own
+    assert "PRIORITIES -1 -2" in run("--side-priority", "-1", "--decode-priority", "-2", "--", str(script)).stdout
+    shared = run("--side-priority", "-1", "--", str(script))  # nvJPEG's stream is at -1 already
+    assert shared.returncode == 2 and "would both draw from priority -1's pool" in shared.stderr
+    for flag, value in (("--side-priority", "1"), ("--decode-priority", "-4")):
+        bad = run(flag, value, "--", str(script))
+        assert bad.returncode == 2
+        assert f"{flag} must be one of PyTorch's stream priorities 0, -1, -2, -3, got" in bad.stderr
