@@ -42,6 +42,7 @@ from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 import cpu_decode
+import cuda_env
 import shapes_dataset
 from callbacks.preemption import WorkerSignalShield
 from gpu_decode import NVJPEG_BINDINGS, EncodedSampleLoader, decode_batch, encoded_collate
@@ -443,6 +444,13 @@ class ImageNetDataModule(pl.LightningDataModule):
             rank_zero_warn(
                 f"data.decode: gpu needs a CUDA device, this run is on {self._device().type}; decoding in the workers "
                 f"(data.cpu_decoder {h.cpu_decoder})"
+            )
+        if self.gpu_decode and cuda_env.connections() < cuda_env.CONNECTIONS:
+            rank_zero_warn(
+                f"data.decode: gpu with {cuda_env.MAX_CONNECTIONS}={cuda_env.connections()}: nvJPEG's streams share "
+                "hardware queues with the training step and its calls wait behind it (10x slower on an H200). "
+                f"train.py sets {cuda_env.CONNECTIONS} unless the environment sets it; set "
+                f"{cuda_env.MAX_CONNECTIONS}={cuda_env.CONNECTIONS} before CUDA starts (see cuda_env.py)"
             )
         # JPEGs at least twice as large as any crop needs are decoded at a reduced size that loses nothing.
         draft = min_decode_side(h.crop_size, h.min_crop_scale, h.val_resize_size)

@@ -24,6 +24,7 @@ from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 import apex_compat
+import cuda_env
 from callbacks import ProfilerWindow
 from callbacks.bad_images import BadImageCount
 from callbacks.preemption import PreemptionHandler
@@ -115,6 +116,8 @@ def with_default_subcommand(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> ImageNetCLI:
     """Runs the CLI on ``argv`` (default: the process arguments) and returns it."""
+    # Before anything starts CUDA: nvJPEG's streams otherwise queue behind the training step (cuda_env.py).
+    cuda_env.request()
     args = list(sys.argv[1:] if argv is None else argv)
     if apex_compat.is_apex_command_line(args):
         # main_amp.py flags: translated (the equivalent command and notes printed once, on rank 0); a main_amp.py

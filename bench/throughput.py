@@ -56,6 +56,10 @@ so settings compare as one process after the other). On ResNet-50 under ``reduce
 ``conv_1x1_as_mm``, ``aggressive_fusion`` and ``triton.enable_pdl`` beat the default's two runs, and PDL was 1.1-1.4%
 slower (bench/RESULTS.md, fifteenth session).
 
+Every process of a run (the plain loop's too) gets ``CUDA_DEVICE_MAX_CONNECTIONS`` from the environment, else the
+app's 32 (cuda_env.py, as train.py sets it); the table names the value. ``CUDA_DEVICE_MAX_CONNECTIONS=8 python
+bench/throughput.py ...`` runs with CUDA's default, for the comparison.
+
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 The warm-up (default 20 steps eager, 60 compiled) is the same for every variant of a run whatever its compile mode,
 so that the rows compare alike. Compilation happens in the warm-up and is not timed. max-autotune benchmarks kernel
@@ -308,6 +312,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
     sys.path.insert(0, str(ROOT))
     from step_clock import StepClock  # bench/, this script's folder
 
+    import cuda_env
     from callbacks import ProfilerWindow
     from callbacks.preemption import PreemptionHandler
     from datamodule import ImageNetDataModule
@@ -389,6 +394,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         "ms_per_step": round(dt * 1000 / a.steps, 2),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
         "wall_s": time.perf_counter() - start,
+        "device_connections": cuda_env.connections(),
     }
 
 
@@ -433,11 +439,22 @@ def main(argv: list[str] | None = None) -> None:
         # once, and then exit, so that a variant that hangs does not eat the whole device call.
         faulthandler.dump_traceback_later(float(every or after), repeat=bool(every), exit=not every)
     if a.child:
+        sys.path.insert(0, str(ROOT))
+        import cuda_env
+
+        cuda_env.request()  # as train.py does, before CUDA starts; a value in the environment is kept
         apply_inductor_options(a.inductor_options)
         result = run_raw(a) if a.child == "raw" else run_app(a, a.child)
         if result:
             print("RESULT " + json.dumps(result), flush=True)
         return
+    sys.path.insert(0, str(ROOT))
+    import cuda_env
+
+    try:  # every variant's process, the plain loop's too, inherits the value: one per run, named in the table
+        connections = cuda_env.request()
+    except ValueError as error:
+        sys.exit(str(error))
     args = list(argv if argv is not None else sys.argv[1:])
     rows: dict[tuple[str, int], dict] = {}
     gpu_counts = [int(g) for g in a.gpus.split(",")]
@@ -482,6 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     config = f"{a.arch}, {a.precision}, {'channels_last' if a.channels_last else 'NCHW'}, "
     config += f"{'compiled' if a.compile else 'eager'}, batch {a.batch}/GPU"
     config += "".join(f", inductor {key}={json.dumps(value)}" for key, value in a.inductor_options.items())
+    config += f", {cuda_env.MAX_CONNECTIONS}={connections}"
     if max(gpu_counts) > 1:
         config += f", app DDP via {a.launcher}"
     print()

@@ -7,6 +7,14 @@ import json
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def device_connections_restored(monkeypatch) -> None:
+    """``throughput.main()`` sets CUDA_DEVICE_MAX_CONNECTIONS in this process (cuda_env.request): each test starts
+    without it and leaves the process as it found it."""
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")  # recorded, so that the undo restores the original
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
+
+
 @pytest.fixture(scope="module")
 def throughput(bench_script):
     return bench_script("throughput")
@@ -377,4 +385,35 @@ def test_inductor_options_are_checked_passed_to_every_child_and_set_there(throug
     monkeypatch.setattr(subprocess, "run", fake_run)
     throughput.main(["--compile", "--inductor", "conv_1x1_as_mm=true", "--variants", "raw,app_synthetic"])
     assert len(commands) == 2 and all(cmd[cmd.index("--inductor") + 1] == "conv_1x1_as_mm=true" for cmd in commands)
-    assert "compiled, batch 256/GPU, inductor conv_1x1_as_mm=true)" in capsys.readouterr().out
+    assert (
+        "compiled, batch 256/GPU, inductor conv_1x1_as_mm=true, CUDA_DEVICE_MAX_CONNECTIONS=" in capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize("chosen", [None, "8"])
+def test_every_variant_gets_the_app_s_device_connections_or_the_environment_s(
+    throughput, monkeypatch, capsys, chosen
+) -> None:
+    import subprocess
+    from types import SimpleNamespace
+
+    if chosen is not None:
+        monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", chosen)
+    envs = []
+
+    def fake_run(cmd, capture_output, text, env):  # noqa: ANN001
+        envs.append(env)
+        result = {"img_s": 5000.0, "ms_per_step": 1.0, "peak_mem_gib": 11.0}
+        return SimpleNamespace(returncode=0, stdout="RESULT " + json.dumps(result) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    throughput.main(["--variants", "raw,app_synthetic"])
+    expected = chosen or "32"
+    assert [env["CUDA_DEVICE_MAX_CONNECTIONS"] for env in envs] == [expected, expected]  # the plain loop's too
+    assert f"batch 256/GPU, CUDA_DEVICE_MAX_CONNECTIONS={expected})" in capsys.readouterr().out
+
+
+def test_a_device_connections_value_cuda_does_not_take_stops_the_run(throughput, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "64")
+    with pytest.raises(SystemExit, match="CUDA_DEVICE_MAX_CONNECTIONS='64': CUDA takes a whole number from 1 to 32"):
+        throughput.main(["--variants", "raw"])
