@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import cuda_env
 from report_render import between_text, markdown, render_png
 from trace_summary import PHASES, TRACE_NAME_RE, copy_stats, load_trace, summarize_trace
 
@@ -202,6 +203,10 @@ def build_report(summaries: Sequence[dict]) -> dict:
         "cuda": any(r.get("device", "").startswith("cuda") for r in ranks),
         "input": "/".join(sorted({r.get("input") or "unknown" for r in ranks})),
         "cpu_decoder": "/".join(sorted({r["cpu_decoder"] for r in ranks if r.get("cpu_decoder")})) or None,
+        # The fewest hardware queues of any rank (None: not recorded, as in reports from before the field).
+        "device_connections": min(
+            (r["device_connections"] for r in ranks if r.get("device_connections")), default=None
+        ),
         "cuda_graphs": bool(ranks) and all(r.get("compile") in CUDA_GRAPH_MODES for r in ranks),
         "compiled": bool(ranks) and all(r.get("compile") for r in ranks),
         "compile_tuned": bool(ranks) and all(r.get("compile_tuning") or r.get("compile") in TUNED_MODES for r in ranks),
@@ -256,25 +261,23 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
         )
     if data is not None and data > DATA_WAIT_PCT:
         if overall.get("input") == "gpu-decode":
-            # Measured with nsys on an H200 (bench/RESULTS.md, fourth session): nvJPEG decodes on the JPEG engines, not
-            # the SMs; the stall is the training process's host work beside the training thread. One producer thread
-            # does it for every batch, 34-46 ms of CPU in nvJPEG's batched call alone (bench/producer_timing.py,
-            # fifteenth session): longer than a compiled ResNet-50 step, where the split reached 0.76-0.79 of
-            # synthetic data and a pre-resized copy with the workers alone 0.997 (fourteenth). The workers can take a
-            # share of the files off that thread while they have cores to spare.
-            stall = (
-                "the GPU decode path's host work holds up the training process (one thread decodes every batch, "
-                "nvJPEG's batched call above all: bench/producer_timing.py times it)"
-            )
-            if overall.get("compiled"):
+            connections = overall.get("device_connections")
+            # nvJPEG's batched call spreads over about 14 streams of its own; with CUDA's 8 hardware queues they wait
+            # behind the training step's kernels, and the call spins on the producer thread meanwhile: compiled
+            # ResNet-50 on the original JPEGs ran at 0.748 of synthetic data with 8 queues and 0.957 with 32
+            # (bench/RESULTS.md, sixteenth session). With 32, the producer thread's host work is what is left: the
+            # workers can take a share of the files off it while they have cores to spare.
+            if connections is not None and connections < cuda_env.CONNECTIONS:
                 advice = (
-                    f"{stall}: for a compiled model, data.decode cpu on a pre-resized copy (resize_dataset.py); else "
-                    "raise data.cpu_decode_share while CPU cores are free"
+                    f"nvJPEG's calls wait behind the training step in CUDA's hardware queues "
+                    f"({cuda_env.MAX_CONNECTIONS}={connections}): set {cuda_env.MAX_CONNECTIONS}="
+                    f"{cuda_env.CONNECTIONS} before CUDA starts (train.py does unless the environment sets it)"
                 )
             else:
                 advice = (
-                    f"{stall}: raise data.cpu_decode_share while CPU cores are free, or data.decode cpu with more "
-                    "data.workers or a pre-resized copy (resize_dataset.py)"
+                    "the GPU decode path's host work holds up the training process (one thread decodes every batch: "
+                    "bench/producer_timing.py times it): raise data.cpu_decode_share while CPU cores are free, "
+                    "data.nvjpeg preallocated, or data.decode cpu on a pre-resized copy (resize_dataset.py)"
                 )
         else:
             # Fewer pixels per file: on an H200's 16 cores PIL kept compiled ResNet-50 fed from a copy at short side 256

@@ -26,7 +26,8 @@
 #            400 s without nsys (eleventh session), and the defaults stop the run inside it; reaching the training
 #            steps under nsys needs DURATION, STACKS_AFTER_S and STAGE_TIMEOUT well above that (not tried)
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
-#            (DECODE sets data.decode, default gpu; SIDE=N reads the folder's resize_dataset.py copy at short side N;
+#            (DECODE sets data.decode, default gpu; SHARE data.cpu_decode_share, default 0; NVJPEG data.nvjpeg, default
+#            torchvision; SIDE=N reads the folder's resize_dataset.py copy at short side N;
 #            COMPILE=MODE sets model.compile; MODE:tuned also model.compile_tuning)
 # report2  : the same on 2 GPUs (DDP): one report with both ranks; SHARE sets data.cpu_decode_share of both (default 0)
 # report-synthetic, report2-synthetic: the same on synthetic data, the reference for the phases' GPU times (what the
@@ -148,7 +149,7 @@ for stage in "$@"; do
     if [ "${stage#*-}" = synthetic ]; then input=(--config configs/resnet50_synthetic.yaml)
     else jpegs; root=$data; if [ -n "${SIDE:-}" ]; then resized "$SIDE" || continue; root=${data}_$SIDE; fi
       input=(--config configs/resnet50_imagenet.yaml --data.root "$root" --data.workers $(($(nproc) / n))
-      --data.decode "${DECODE:-gpu}" --data.cpu_decode_share "${SHARE:-0}"); fi
+      --data.decode "${DECODE:-gpu}" --data.cpu_decode_share "${SHARE:-0}" --data.nvjpeg "${NVJPEG:-torchvision}"); fi
     input+=($(compile_args))
     timeout "$limit" python3 train.py "${input[@]}" --data.batch_size 256 --trainer.devices "$n" \
       --trainer.precision "${PRECISION:-bf16-mixed}" --trainer.max_steps 40 --trainer.enable_progress_bar false \

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
+import cuda_env
 import step_report
 import trace_summary
 from callbacks.ranges import EPOCH_END
@@ -209,6 +210,8 @@ class StepTimer:
             "gpu_busy_source": None,
             "copies": None,
             "input": self._input,
+            # The hardware queues this process asked CUDA for: with fewer than 32, nvJPEG's calls wait behind the step.
+            "device_connections": cuda_env.connections() if self._cuda else None,
             "cpu_decoder": self._cpu_decoder,
             "compile": self._compile,
             "compile_tuning": self._compile_tuning,

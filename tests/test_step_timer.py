@@ -15,6 +15,7 @@ import pytorch_lightning as pl
 import torch
 from profiling_helpers import ddp_synthetic_args, fit_with_window
 
+import cuda_env
 import step_report
 import trace_summary
 from callbacks import ProfilerWindow
@@ -131,6 +132,7 @@ def test_events_give_known_phase_times_lag_busy_fraction_and_copy_overlap():
     assert summary["wall_ms"] == pytest.approx(12) and summary["window"] == [0, 1] and summary["device"] == "cuda:0"
     assert summary["input"] == "prefetcher" and summary["compile"] is None  # no model: no mode known
     assert summary["compile_tuning"] is False
+    assert summary["device_connections"] == cuda_env.connections()  # what this process asked CUDA for
     # The host recorded the two steps in 12 ms; the GPU ran them from 1 to 42 ms: the rate is the GPU's.
     assert summary["gpu_wall_ms"] == pytest.approx(41)
     o = step_report.build_report([summary])["overall"]
@@ -378,6 +380,7 @@ def test_window_writes_json_markdown_and_png_with_one_row_per_step(tmp_path, cap
     assert report["overall"]["images_per_s"] == pytest.approx(12 / (rank["wall_ms"] / 1000), rel=1e-3)
     assert report["verdict"].startswith("CPU run: GPU times and copy overlap unavailable; data wait")
     assert rank["input"] == "on-device"  # data.source synthetic
+    assert rank["device_connections"] is None  # no CUDA in this run
     assert "# Step-time report: steps 2-4" in (folder / "window_2-4.md").read_text()
     assert (folder / "window_2-4.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "step report, steps 2-4, 1 rank(s)" in caplog.text and "verdict: CPU run" in caplog.text
