@@ -302,15 +302,16 @@ class ImageNetDataModule(pl.LightningDataModule):
         cpu_decode_share: With ``decode: gpu``, the share of the files (a fixed set, chosen by a hash of the path) that
             the workers still decode and crop, as ``decode: cpu`` would (by ``cpu_decoder``); the GPU path takes the
             rest. The GPU path's host work runs on one thread of the training process, the workers' in theirs: a share
-            that keeps both busy feeds the GPU best (README, "Feeding the GPU"). 0 sends every JPEG to the GPU path. For
-            a compiled model that one thread is the limit (on an H200, 0.76-0.79 of synthetic data on 16 cores): train
-            on a pre-resized copy (resize_dataset.py) with ``decode: cpu`` instead.
+            that keeps both busy feeds the GPU best (README, "Feeding the GPU"). 0 sends every JPEG to the GPU path. On
+            an H200 with 16 cores, 0.5 with ``nvjpeg: preallocated`` fed compiled ResNet-50 the original JPEGs at
+            0.957 of synthetic data (with ``CUDA_DEVICE_MAX_CONNECTIONS=32``, which train.py sets; 0.748 with CUDA's
+            default 8: cuda_env.py).
         nvjpeg: With ``decode: gpu``, how nvJPEG is called: ``torchvision`` (``torchvision.io.decode_jpeg``) or
             ``preallocated`` (nvjpeg_batched.py: its own handle on the hardware decoder, buffers sized once for the
             batch, so that images of new sizes do not make nvJPEG free device memory, which waits for the whole GPU).
             ``preallocated`` falls back to torchvision, with a warning, where the GPU has no JPEG hardware decoder, and
-            for the JPEGs that decoder does not take (progressive ones). Off by default: in training on an H200 it was
-            not measurably faster (README).
+            for the JPEGs that decoder does not take (progressive ones). Off by default: a ctypes binding; in training
+            on an H200 it was 1.022 times as fast as torchvision's (compiled, the originals, split 0.5; README).
         cpu_decoder: What decodes and crops the images the workers decode (all of them with ``decode: cpu``, the
             ``cpu_decode_share`` with ``decode: gpu``): ``torchvision`` (uint8 tensors: ``torchvision.io.decode_jpeg``,
             libjpeg-turbo as PIL, and torch's vectorized antialiased resize; the same boxes and flips, pixels within a

@@ -12,7 +12,9 @@ CPU near wall means it worked, or spun: a CUDA synchronization spins on a CPU co
 
 On an H200, ResNet-50 compiled with ``reduce-overhead`` and half the 300-500 px JPEGs decoded by nvJPEG, the
 producer took 55-67 ms a batch where the model's step on synthetic data takes 38 ms, 35-38 ms of it CPU time inside
-nvJPEG's batched decode (bench/RESULTS.md, fifteenth session).
+nvJPEG's batched decode (bench/RESULTS.md, fifteenth session). That was nvJPEG spinning while its streams waited
+behind the training step in CUDA's 8 hardware queues; with ``CUDA_DEVICE_MAX_CONNECTIONS=32`` (cuda_env.py) the call
+took 16.6 ms (sixteenth session).
 
 Options:
     --switch-ms MS    the interpreter's thread switch interval (``sys.setswitchinterval``; Python's default is 5 ms):
