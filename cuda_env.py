@@ -15,6 +15,8 @@ the first thing ``train.py`` does (Lightning's DDP launcher and torchrun pass th
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from collections.abc import MutableMapping
 
 #: The variable, and the number of queues the app asks for: CUDA's largest.
@@ -31,7 +33,7 @@ def connections(environ: MutableMapping[str, str] | None = None) -> int:
     """
     environ = os.environ if environ is None else environ
     value = environ.get(MAX_CONNECTIONS)
-    if value is None:
+    if not value:  # unset, or set empty (``VAR= cmd``): CUDA's default
         return CUDA_DEFAULT_CONNECTIONS
     try:
         count = int(value)
@@ -44,8 +46,18 @@ def connections(environ: MutableMapping[str, str] | None = None) -> int:
 
 def request(environ: MutableMapping[str, str] | None = None) -> int:
     """Sets ``CUDA_DEVICE_MAX_CONNECTIONS`` to :data:`CONNECTIONS` in ``environ`` (default ``os.environ``) unless it
-    is set already (a value the user chose is kept, checked); returns the value in effect. Call it before CUDA
-    starts."""
+    is set already (a value the user chose is kept, checked; an empty one counts as unset); returns the value asked
+    for. Call it before CUDA starts: when this process has started CUDA already, the new value reaches only the
+    processes it starts, and a warning says so."""
     environ = os.environ if environ is None else environ
-    environ.setdefault(MAX_CONNECTIONS, str(CONNECTIONS))
-    return connections(environ)
+    if environ.get(MAX_CONNECTIONS):
+        return connections(environ)
+    environ[MAX_CONNECTIONS] = str(CONNECTIONS)
+    torch = sys.modules.get("torch")  # not imported: CUDA cannot have started
+    if environ is os.environ and torch is not None and torch.cuda.is_initialized():
+        warnings.warn(
+            f"{MAX_CONNECTIONS}={CONNECTIONS} was set after CUDA started in this process, which keeps CUDA's "
+            f"{CUDA_DEFAULT_CONNECTIONS} hardware queues; set it in the environment before the process starts",
+            stacklevel=2,
+        )
+    return CONNECTIONS

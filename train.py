@@ -117,7 +117,10 @@ def with_default_subcommand(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> ImageNetCLI:
     """Runs the CLI on ``argv`` (default: the process arguments) and returns it."""
     # Before anything starts CUDA: nvJPEG's streams otherwise queue behind the training step (cuda_env.py).
-    cuda_env.request()
+    try:
+        cuda_env.request()
+    except ValueError as error:
+        sys.exit(f"train.py: {error}")
     args = list(sys.argv[1:] if argv is None else argv)
     if apex_compat.is_apex_command_line(args):
         # main_amp.py flags: translated (the equivalent command and notes printed once, on rank 0); a main_amp.py

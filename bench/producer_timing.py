@@ -23,9 +23,11 @@ Options:
                       releaser thread: that change side by side
     --side-priority P, --decode-priority P
                       the priority of the prefetcher's side stream (``prefetcher.SIDE_STREAM_PRIORITY``) and of
-                      nvJPEG's stream (``gpu_decode.DECODE_STREAM_PRIORITY``), from 0 (the default pool, where the
-                      training stream is) to -3 (the most urgent): whether the input path's kernels, queued behind
-                      the training step's, hold the producer back. The two must differ (see DECODE_STREAM_PRIORITY).
+                      the app's decode stream (``gpu_decode.DECODE_STREAM_PRIORITY``; nvJPEG's work runs on it with
+                      ``data.nvjpeg: preallocated``, torchvision's binding uses a stream of its own), from 0 (the
+                      default pool, where the training stream is) to -3 (the most urgent): whether the input path's
+                      kernels, queued behind the training step's, hold the producer back. The two must differ (see
+                      DECODE_STREAM_PRIORITY). On an H200 neither changed anything (sixteenth session).
 
 The rows ``torch.cuda.Event.synchronize`` and ``torch.cuda.Stream.synchronize`` are the thread's waits for the device
 (in ``_DecodeStream.decode``: for the previous batch's crops to be read before their memory is reused); ``torchvision

@@ -53,6 +53,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def device_connections_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train.main()`` and ``bench/throughput.py`` set CUDA_DEVICE_MAX_CONNECTIONS in the test process
+    (cuda_env.request): every test starts without it and leaves the process as it found it."""
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")  # recorded, so that the undo restores the original
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
+
+
 @pytest.fixture(scope="session")
 def shapes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small generated shapes dataset: 10 classes, 24 train and 6 val JPEGs per class, 32x32 pixels. Read-only."""

@@ -69,6 +69,8 @@ def test_times_each_step_of_a_real_split_run_per_thread(split_script) -> None:
         calls, wall_ms, cpu_ms, _ = timing["MainThread", label]
         assert int(calls) == batches and float(wall_ms) > 0 and float(wall_ms) >= float(cpu_ms) - 0.05
     assert int(timing["MainThread", "loader next (workers' batch)"][0]) == batches + 1  # the last one ends it
+    # nvJPEG's call by binding: on the CPU the split decodes its JPEGs with torchvision's decode_jpeg, once a batch.
+    assert int(timing["MainThread", "torchvision decode_jpeg"][0]) == batches
     # Inclusive times: the whole batch holds its decode.
     assert float(timing["MainThread", "_to_device (the whole batch)"][3]) >= float(timing["MainThread", "_decode"][3])
     assert "producer timing over" in result.stdout

@@ -7,14 +7,6 @@ import json
 import pytest
 
 
-@pytest.fixture(autouse=True)
-def device_connections_restored(monkeypatch) -> None:
-    """``throughput.main()`` sets CUDA_DEVICE_MAX_CONNECTIONS in this process (cuda_env.request): each test starts
-    without it and leaves the process as it found it."""
-    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")  # recorded, so that the undo restores the original
-    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
-
-
 @pytest.fixture(scope="module")
 def throughput(bench_script):
     return bench_script("throughput")
@@ -411,6 +403,15 @@ def test_every_variant_gets_the_app_s_device_connections_or_the_environment_s(
     expected = chosen or "32"
     assert [env["CUDA_DEVICE_MAX_CONNECTIONS"] for env in envs] == [expected, expected]  # the plain loop's too
     assert f"batch 256/GPU, CUDA_DEVICE_MAX_CONNECTIONS={expected})" in capsys.readouterr().out
+
+
+def test_a_variant_s_process_asks_for_the_connections_itself(throughput, monkeypatch, capsys) -> None:
+    """A child run on its own (bench/producer_timing.py runs one in its process) sets the variable before CUDA."""
+    import os
+
+    monkeypatch.setattr(throughput, "run_raw", lambda a: {"asked": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")})
+    throughput.main(["--child", "raw"])
+    assert 'RESULT {"asked": "32"}' in capsys.readouterr().out
 
 
 def test_a_device_connections_value_cuda_does_not_take_stops_the_run(throughput, monkeypatch) -> None:
