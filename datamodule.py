@@ -311,7 +311,8 @@ class ImageNetDataModule(pl.LightningDataModule):
             batch, so that images of new sizes do not make nvJPEG free device memory, which waits for the whole GPU).
             ``preallocated`` falls back to torchvision, with a warning, where the GPU has no JPEG hardware decoder, and
             for the JPEGs that decoder does not take (progressive ones). Off by default: a ctypes binding; in training
-            on an H200 it was 1.022 times as fast as torchvision's (compiled, the originals, split 0.5, one run; README).
+            on an H200 it was 1.022 times as fast as torchvision's (compiled, the originals, split 0.5, one run;
+            README).
         cpu_decoder: What decodes and crops the images the workers decode (all of them with ``decode: cpu``, the
             ``cpu_decode_share`` with ``decode: gpu``): ``torchvision`` (uint8 tensors: ``torchvision.io.decode_jpeg``,
             libjpeg-turbo as PIL, and torch's vectorized antialiased resize; the same boxes and flips, pixels within a
