@@ -8,6 +8,8 @@
 # nvjpeg   : bench/nvjpeg_calls.py under nsys (new files of many sizes vs one size, the app's decode_batch, the own
 #            nvJPEG handle of nvjpeg_batched.py with and without preallocation, data.nvjpeg preallocated), then the
 #            cuMemFree/copy/sync counts per row (bench/nsys_api_by_range.py); only text comes back, not the report
+# queues   : bench/nvjpeg_under_load.py: nvJPEG's batched call on an idle and a busy GPU at each of CONNECTIONS
+#            (CUDA_DEVICE_MAX_CONNECTIONS values, default "8,32"), one process each
 # eager-P  : bench/throughput.py, precision P (bf16|fp16), eager: raw loop, app synthetic, NVTX on, PIL folder, nvJPEG
 # compile-P: the same compiled (torch.compile), without the NVTX and PIL rows
 # split-P  : bench/throughput.py on 1 GPU pinned to CORES cores (default 16, as one H200 has on these machines;
@@ -86,6 +88,9 @@ for stage in "$@"; do
   tests) timeout "${STAGE_TIMEOUT:-360}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=25 tests \
     > "$out/pytest_gpu.txt" 2>&1
     tail -25 "$out/pytest_gpu.txt" ;;
+  queues) jpegs; timeout "$limit" python3 bench/nvjpeg_under_load.py --data "$data" --connections "${CONNECTIONS:-8,32}" \
+      > "$out/nvjpeg_under_load.txt" 2>&1
+    grep "^|" "$out/nvjpeg_under_load.txt" || tail -20 "$out/nvjpeg_under_load.txt" ;;
   nvjpeg) jpegs; timeout "$limit" nsys profile -s none -t cuda,nvtx --force-overwrite true -o /tmp/nvjpeg_calls \
       python3 bench/nvjpeg_calls.py --data "$data" --share "${SHARE:-0.85}" --calls 15 --same-size 500 375 \
       > "$out/nvjpeg_calls.txt" 2>&1
