@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,6 +17,25 @@ def throughput(bench_script):
 
 def row(img_s: float, ms: float, peak: float) -> dict:
     return {"img_s": img_s, "ms_per_step": ms, "peak_mem_gib": peak}
+
+
+def stub_children(monkeypatch, img_s: Callable[[list, dict], float] = lambda cmd, env: 5000.0) -> list:
+    """Replaces the variants' processes: each prints a RESULT with ``img_s(cmd, env)``. Returns the list the calls'
+    ``(cmd, env)`` go into, in order."""
+    calls: list[tuple[list, dict]] = []
+
+    def fake_run(cmd, capture_output, text, env):  # noqa: ANN001
+        calls.append((cmd, env))
+        result = {"img_s": img_s(cmd, env), "ms_per_step": 1.0, "peak_mem_gib": 11.0}
+        return SimpleNamespace(returncode=0, stdout="RESULT " + json.dumps(result) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    return calls
+
+
+def child(cmd: list) -> str:
+    """The variant a process was started for."""
+    return cmd[cmd.index("--child") + 1]
 
 
 def test_table_gives_ratios_to_the_plain_loop_to_synthetic_and_scaling(throughput) -> None:
@@ -92,26 +114,16 @@ def test_ddp_options_become_ddp_keyword_arguments_and_bad_ones_are_refused(throu
 
 
 def test_an_option_variant_reuses_its_base_row_on_one_gpu_and_runs_under_ddp(throughput, monkeypatch, capsys) -> None:
-    import subprocess
-    from types import SimpleNamespace
-
-    runs = []
     img_s = {
         ("app_synthetic", "1"): 6000.0,
         ("app_synthetic", "2"): 11300.0,
         ("app_synthetic+bucket_view", "2"): 11500.0,
     }
-
-    def fake_run(cmd, capture_output, text, env):  # noqa: ANN001
-        variant = cmd[cmd.index("--child") + 1]
-        runs.append((variant, env["BENCH_GPUS"], "torch.distributed.run" in cmd))
-        result = {"img_s": img_s[variant, env["BENCH_GPUS"]], "ms_per_step": 1.0, "peak_mem_gib": 11.0}
-        return SimpleNamespace(returncode=0, stdout="RESULT " + json.dumps(result) + "\n", stderr="")
-
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    calls = stub_children(monkeypatch, lambda cmd, env: img_s[child(cmd), env["BENCH_GPUS"]])
     throughput.main(
         ["--gpus", "1,2", "--launcher", "torchrun", "--variants", "app_synthetic,app_synthetic+bucket_view"]
     )
+    runs = [(child(cmd), env["BENCH_GPUS"], "torch.distributed.run" in cmd) for cmd, env in calls]
     # Three runs, not four: on one GPU there is no DDP for the option to change.
     assert runs == [
         ("app_synthetic", "1", False),
@@ -208,8 +220,6 @@ def test_bad_compile_modes_and_a_mode_on_raw_are_refused(throughput) -> None:
 
 
 def test_a_compile_mode_needs_compile(throughput, monkeypatch) -> None:
-    import subprocess
-
     runs = []
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kwargs: runs.append(cmd))
     with pytest.raises(SystemExit, match=r"--variants: compile modes \(:MODE\) need --compile: app_synthetic:default$"):
@@ -273,22 +283,12 @@ def test_the_app_is_built_with_the_variants_compile_mode_and_its_result_records_
 
 
 def test_compile_modes_run_side_by_side_as_their_own_rows(throughput, monkeypatch, capsys) -> None:
-    import subprocess
-    from types import SimpleNamespace
-
-    runs = []
     img_s = {"raw": 5000.0, "app_synthetic": 4900.0, "app_synthetic:reduce-overhead": 5250.0}
     img_s["app_synthetic:reduce-overhead+bucket_view"] = 5300.0
-
-    def fake_run(cmd, capture_output, text, env):  # noqa: ANN001
-        variant = cmd[cmd.index("--child") + 1]
-        runs.append((variant, env["BENCH_GPUS"], "--compile" in cmd))
-        result = {"img_s": img_s[variant] * int(env["BENCH_GPUS"]), "ms_per_step": 1.0, "peak_mem_gib": 11.0}
-        return SimpleNamespace(returncode=0, stdout="RESULT " + json.dumps(result) + "\n", stderr="")
-
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    calls = stub_children(monkeypatch, lambda cmd, env: img_s[child(cmd)] * int(env["BENCH_GPUS"]))
     variants = "raw,app_synthetic,app_synthetic:reduce-overhead,app_synthetic:reduce-overhead+bucket_view"
     throughput.main(["--compile", "--gpus", "1,2", "--variants", variants])
+    runs = [(child(cmd), env["BENCH_GPUS"], "--compile" in cmd) for cmd, env in calls]
     # On 1 GPU the +option variant is its base's row: the base keeps the compile mode.
     assert runs == [
         ("raw", "1", True),
@@ -342,9 +342,6 @@ def test_every_row_names_its_workers_decoder(throughput) -> None:
 
 
 def test_inductor_options_are_checked_passed_to_every_child_and_set_there(throughput, monkeypatch, capsys) -> None:
-    import subprocess
-    from types import SimpleNamespace
-
     import torch._inductor.config as config
 
     a = throughput.parse(["--compile", "--inductor", "conv_1x1_as_mm=true", "--inductor", "triton.enable_pdl=1"])
@@ -367,15 +364,9 @@ def test_inductor_options_are_checked_passed_to_every_child_and_set_there(throug
     assert config.conv_1x1_as_mm is True and config.triton.enable_pdl == 1
 
     # The parent forwards them to every variant's process and names them in the table's header.
-    commands = []
-
-    def fake_run(cmd, capture_output, text, env):  # noqa: ANN001
-        commands.append(cmd)
-        result = {"img_s": 5000.0, "ms_per_step": 1.0, "peak_mem_gib": 11.0}
-        return SimpleNamespace(returncode=0, stdout="RESULT " + json.dumps(result) + "\n", stderr="")
-
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    calls = stub_children(monkeypatch)
     throughput.main(["--compile", "--inductor", "conv_1x1_as_mm=true", "--variants", "raw,app_synthetic"])
+    commands = [cmd for cmd, _ in calls]
     assert len(commands) == 2 and all(cmd[cmd.index("--inductor") + 1] == "conv_1x1_as_mm=true" for cmd in commands)
     assert (
         "compiled, batch 256/GPU, inductor conv_1x1_as_mm=true, CUDA_DEVICE_MAX_CONNECTIONS=" in capsys.readouterr().out
@@ -386,20 +377,11 @@ def test_inductor_options_are_checked_passed_to_every_child_and_set_there(throug
 def test_every_variant_gets_the_app_s_device_connections_or_the_environment_s(
     throughput, monkeypatch, capsys, chosen
 ) -> None:
-    import subprocess
-    from types import SimpleNamespace
-
     if chosen is not None:
         monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", chosen)
-    envs = []
-
-    def fake_run(cmd, capture_output, text, env):  # noqa: ANN001
-        envs.append(env)
-        result = {"img_s": 5000.0, "ms_per_step": 1.0, "peak_mem_gib": 11.0}
-        return SimpleNamespace(returncode=0, stdout="RESULT " + json.dumps(result) + "\n", stderr="")
-
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    calls = stub_children(monkeypatch)
     throughput.main(["--variants", "raw,app_synthetic"])
+    envs = [env for _, env in calls]
     expected = chosen or "32"
     assert [env["CUDA_DEVICE_MAX_CONNECTIONS"] for env in envs] == [expected, expected]  # the plain loop's too
     assert f"batch 256/GPU, CUDA_DEVICE_MAX_CONNECTIONS={expected})" in capsys.readouterr().out
