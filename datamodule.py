@@ -447,9 +447,9 @@ class ImageNetDataModule(pl.LightningDataModule):
                 f"data.decode: gpu needs a CUDA device, this run is on {self._device().type}; decoding in the workers "
                 f"(data.cpu_decoder {h.cpu_decoder})"
             )
-        if self.gpu_decode and cuda_env.connections() < cuda_env.CONNECTIONS:
+        if self.gpu_decode and (connections := cuda_env.connections()) < cuda_env.CONNECTIONS:
             rank_zero_warn(
-                f"data.decode: gpu with {cuda_env.MAX_CONNECTIONS}={cuda_env.connections()}: nvJPEG's streams share "
+                f"data.decode: gpu with {cuda_env.MAX_CONNECTIONS}={connections}: nvJPEG's streams share "
                 "hardware queues with the training step and its calls wait behind it (on an H200, 10 times as long). "
                 f"train.py sets {cuda_env.CONNECTIONS} unless the environment sets it; set "
                 f"{cuda_env.MAX_CONNECTIONS}={cuda_env.CONNECTIONS} before CUDA starts (see cuda_env.py)"

@@ -438,23 +438,21 @@ def main(argv: list[str] | None = None) -> None:
         # Every thread's stack: at each interval, to see where a slow variant spends its time (a long compile), or
         # once, and then exit, so that a variant that hangs does not eat the whole device call.
         faulthandler.dump_traceback_later(float(every or after), repeat=bool(every), exit=not every)
-    if a.child:
-        sys.path.insert(0, str(ROOT))
-        import cuda_env
+    sys.path.insert(0, str(ROOT))
+    import cuda_env
 
-        cuda_env.request()  # as train.py does, before CUDA starts; a value in the environment is kept
+    # As train.py does, before CUDA starts; a value in the environment is kept. The parent's reaches every variant's
+    # process, the plain loop's too (one value per run, named in the table); a variant run alone sets its own.
+    try:
+        connections = cuda_env.request()
+    except ValueError as error:
+        sys.exit(str(error))
+    if a.child:
         apply_inductor_options(a.inductor_options)
         result = run_raw(a) if a.child == "raw" else run_app(a, a.child)
         if result:
             print("RESULT " + json.dumps(result), flush=True)
         return
-    sys.path.insert(0, str(ROOT))
-    import cuda_env
-
-    try:  # every variant's process, the plain loop's too, inherits the value: one per run, named in the table
-        connections = cuda_env.request()
-    except ValueError as error:
-        sys.exit(str(error))
     args = list(argv if argv is not None else sys.argv[1:])
     rows: dict[tuple[str, int], dict] = {}
     gpu_counts = [int(g) for g in a.gpus.split(",")]
