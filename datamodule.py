@@ -313,6 +313,14 @@ class ImageNetDataModule(pl.LightningDataModule):
             for the JPEGs that decoder does not take (progressive ones). Off by default: a ctypes binding; in training
             on an H200 it was 1.022 times as fast as torchvision's (compiled, the originals, split 0.5, one run;
             README).
+        decode_threads: With ``decode: gpu``, how many threads of the training process decode batches at once
+            (1 to 8), each with its own side stream and nvJPEG decoder; batches still come in the sampler's order. One
+            thread took about a compiled ResNet-50 step per batch on an H200 and set the pace; see README, "Feeding
+            the GPU", for what two did. Each more thread costs GPU memory: up to two more batches in flight (float32,
+            about 154 MB each at 256 x 224 x 224), its decoded images until their crops are read and, with
+            ``nvjpeg: preallocated``, its own decoder's buffers (about 200 MB at batch 256); measured, 0.36-0.62 GiB
+            more peak per thread. torchvision's binding has one decoder for all threads and decodes one call at a
+            time, so there only the crop stage overlaps.
         cpu_decoder: What decodes and crops the images the workers decode (all of them with ``decode: cpu``, the
             ``cpu_decode_share`` with ``decode: gpu``): ``torchvision`` (uint8 tensors: ``torchvision.io.decode_jpeg``,
             libjpeg-turbo as PIL, and torch's vectorized antialiased resize; the same boxes and flips, pixels within a
@@ -343,6 +351,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         decode: Literal["cpu", "gpu"] = "cpu",
         cpu_decode_share: float = 0.0,
         nvjpeg: Literal["torchvision", "preallocated"] = "torchvision",
+        decode_threads: int = 1,
         cpu_decoder: Literal["pil", "torchvision"] = "torchvision",
         on_bad_image: Literal["error", "skip"] = "error",
         seed: int = 0,
@@ -380,6 +389,16 @@ class ImageNetDataModule(pl.LightningDataModule):
             raise ValueError(f"data.nvjpeg must be one of {', '.join(NVJPEG_BINDINGS)}, got {nvjpeg!r}")
         if nvjpeg != "torchvision" and decode != "gpu":
             raise ValueError(f"data.nvjpeg: {nvjpeg} chooses how data.decode: gpu calls nvJPEG; set data.decode: gpu")
+        if isinstance(decode_threads, bool) or not isinstance(decode_threads, int) or not 1 <= decode_threads <= 8:
+            raise ValueError(
+                f"data.decode_threads must be an integer from 1 to 8 (threads that feed nvJPEG and the GPU crop), got "
+                f"{decode_threads!r}"
+            )
+        if decode_threads != 1 and decode != "gpu":
+            raise ValueError(
+                f"data.decode_threads: {decode_threads} sets the threads of data.decode: gpu; with data.decode: "
+                f"{decode} the workers decode: set data.decode: gpu or leave it 1"
+            )
         if cpu_decoder not in cpu_decode.CPU_DECODERS:
             raise ValueError(
                 f"data.cpu_decoder must be one of {', '.join(cpu_decode.CPU_DECODERS)}, got {cpu_decoder!r}"
@@ -638,7 +657,13 @@ class ImageNetDataModule(pl.LightningDataModule):
             decoder = partial(decode_batch, size=size, nvjpeg=self.hparams.nvjpeg, memory_format=memory_format)
         counted = BadImageCounter(loader, split)  # callbacks.bad_images.BadImageCount logs its per-epoch count
         wrapped = prefetcher(
-            counted, self._device(), IMAGENET_MEAN_255, IMAGENET_STD_255, self.channels_last, decoder=decoder
+            counted,
+            self._device(),
+            IMAGENET_MEAN_255,
+            IMAGENET_STD_255,
+            self.channels_last,
+            decoder=decoder,
+            producers=self.hparams.decode_threads,
         )
         self._prefetchers.add(wrapped)
         return wrapped

@@ -304,10 +304,11 @@ def decode_batch(
     size: int,
     nvjpeg: str = "torchvision",
     memory_format: torch.memory_format = torch.contiguous_format,
+    lane: int = 0,
 ) -> torch.Tensor:
     """The prefetcher's decoder: the batch's finished crops copied, the other samples decoded and cropped
-    (:func:`decode_crop_resize`, with ``nvjpeg``); float32 ``(N, 3, size, size)`` on 0..255, finished crops first,
-    in ``memory_format`` (the model's: the prefetcher's normalization then needs no copy of the batch).
+    (:func:`decode_crop_resize`, with ``nvjpeg`` and ``lane``); float32 ``(N, 3, size, size)`` on 0..255, finished
+    crops first, in ``memory_format`` (the model's: the prefetcher's normalization then needs no copy of the batch).
 
     The host buffer of a :class:`PackedBatch` is handed to :func:`release_later` (``data`` is left empty once it is
     released).
@@ -323,7 +324,9 @@ def decode_batch(
         out[: images.finished].copy_(_staged(finished, device).to(device, non_blocking=True))
     if samples:
         capacity = images.finished + len(images.table)  # the batch: the most JPEGs a later call may bring
-        decode_crop_resize(samples, device, size, nvjpeg=nvjpeg, capacity=capacity, out=out[images.finished :])
+        decode_crop_resize(
+            samples, device, size, nvjpeg=nvjpeg, capacity=capacity, out=out[images.finished :], lane=lane
+        )
     del finished, samples  # views of the buffer: its release must drop the last reference
     release_later(images.data, device)
     return out
@@ -514,6 +517,7 @@ def decode_crop_resize(
     nvjpeg: str = "torchvision",
     capacity: int = 0,
     out: torch.Tensor | None = None,
+    lane: int = 0,
 ) -> torch.Tensor:
     """Decodes, crops, resizes and flips a batch on ``device``; returns float32 ``(N, 3, size, size)`` on 0..255.
 
@@ -537,6 +541,9 @@ def decode_crop_resize(
             call's.
         out: Where to write the crops (float32 ``(N, 3, size, size)`` on ``device``, e.g. a slice of the batch's
             tensor): no second batch-sized buffer; a new tensor when ``None``.
+        lane: Which of the device's decode lanes (a stream, the parked images, an nvJPEG decoder each) decodes on
+            CUDA: one per thread that decodes at once (the prefetcher's producer ``k`` uses lane ``k``; training and
+            validation share a lane's decoder, behind its lock).
     """
     if gather not in ("strided", "copy"):
         raise ValueError(f"gather must be 'strided' or 'copy', got {gather!r}")
@@ -561,7 +568,7 @@ def decode_crop_resize(
         return out
     if max_padded_pixels is None:
         max_padded_pixels = MAX_PADDED_PIXELS  # read at the call: bench/throughput.py's _onegroup variant sets it
-    images, release = _decode(samples, device, nvjpeg, capacity)
+    images, release = _decode(samples, device, nvjpeg, capacity, lane)
     try:
         return _crop_resize(samples, images, out, max_padded_pixels, gather, dtype)
     finally:
@@ -597,7 +604,7 @@ def _resize_one(image: torch.Tensor, box: tuple[int, int, int, int], flip: bool,
 
 # --- decoding --------------------------------------------------------------------------------------------------------
 def _decode(
-    samples: list[Encoded], device: torch.device, nvjpeg: str = "torchvision", capacity: int = 0
+    samples: list[Encoded], device: torch.device, nvjpeg: str = "torchvision", capacity: int = 0, lane: int = 0
 ) -> tuple[list[torch.Tensor], Callable[[], None]]:
     """The ``(3, H, W)`` uint8 pixels of every sample on ``device``, and what to call once their last read is queued."""
     from torchvision.io import ImageReadMode, decode_jpeg
@@ -610,7 +617,7 @@ def _decode(
     if jpeg_index:
         data = [samples[i].data for i in jpeg_index]
         if device.type == "cuda":
-            pool = _DecodeStream.of(device)
+            pool = _DecodeStream.of(device, lane)
             decoded = pool.decode(data, device, nvjpeg, max(capacity, len(data)))
             release = lambda: pool.park(decoded)  # noqa: E731
         else:
@@ -632,12 +639,14 @@ class _DecodeStream:
     the memory of the previous batch's temporaries (freed by Python while their kernels are still queued there) and
     nvJPEG could overwrite it before those kernels ran. So the outputs are allocated on a stream of their own, which
     nothing else allocates on, and the decoded images of a call are held (parked) until an event recorded after their
-    last read on the consumer stream has passed; only then can the next decode reuse their memory. One per device,
-    shared by all threads (the train and val producers may overlap).
+    last read on the consumer stream has passed; only then can the next decode reuse their memory. One per device and
+    lane: threads that decode at once (the prefetcher's producers) each use their own lane, so that neither waits for
+    the other's decoder; threads of one lane (the train and val producers, which may overlap) share it, behind its
+    locks.
     """
 
     _lock = threading.Lock()
-    _pools: dict[int, _DecodeStream] = {}
+    _pools: dict[tuple[int, int], _DecodeStream] = {}
 
     def __init__(self, device: torch.device) -> None:
         self.stream = torch.cuda.Stream(device=device, priority=DECODE_STREAM_PRIORITY)
@@ -649,12 +658,14 @@ class _DecodeStream:
         self.warned: set[str] = set()
 
     @classmethod
-    def of(cls, device: torch.device) -> _DecodeStream:
+    def of(cls, device: torch.device, lane: int = 0) -> _DecodeStream:
+        if isinstance(lane, bool) or not isinstance(lane, int) or lane < 0:
+            raise ValueError(f"lane must be an integer >= 0, got {lane!r}")
         index = device.index if device.index is not None else torch.cuda.current_device()
         with cls._lock:
-            if index not in cls._pools:
-                cls._pools[index] = cls(torch.device("cuda", index))
-            return cls._pools[index]
+            if (index, lane) not in cls._pools:
+                cls._pools[index, lane] = cls(torch.device("cuda", index))
+            return cls._pools[index, lane]
 
     def decode(
         self, data: list[torch.Tensor], device: torch.device, nvjpeg: str = "torchvision", capacity: int = 0
@@ -686,7 +697,7 @@ class _DecodeStream:
     def _decode_preallocated(self, data: list[torch.Tensor], capacity: int) -> list[torch.Tensor | None] | None:
         """The images by :class:`nvjpeg_batched.BatchedDecoder` on this stream (None for the JPEGs it does not take),
         or None when it cannot decode the batch (then torchvision does, with one warning per reason). One decoder per
-        device, made at the first call and sized for ``capacity`` JPEGs of up to PREALLOCATE_SIDE x PREALLOCATE_SIDE
+        lane, made at the first call and sized for ``capacity`` JPEGs of up to PREALLOCATE_SIDE x PREALLOCATE_SIDE
         (a larger image makes nvJPEG grow its buffers once more); remade, as large, for a call with more JPEGs."""
         from nvjpeg_batched import BatchedDecoder, NvjpegError
 

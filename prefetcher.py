@@ -16,10 +16,9 @@ loader it wraps: it calls ``set_epoch`` on the ``DistributedSampler`` through it
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import queue
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from producer_threads import ordered_map
 
 #: ImageNet channel statistics on the 0..255 scale of the uint8 batches.
 IMAGENET_MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -116,6 +117,12 @@ class DevicePrefetcher(LoaderProxy):
         mean: Per-channel mean on the 0..255 scale.
         std: Per-channel standard deviation on the 0..255 scale.
         channels_last: Hand batches out in ``torch.channels_last`` memory format.
+        decoder: Turns what the loader yields as images into float32 images on the device (0..255), e.g.
+            ``gpu_decode.decode_batch``; called as ``decoder(images, device)`` on CPU and with one producer, and as
+            ``decoder(images, device, lane=k)`` on producer ``k`` of several, so that it keeps its state (a stream, an
+            nvJPEG decoder) per thread. ``None``: the images are uint8 batches, copied.
+        producers: With a decoder on CUDA, how many threads decode batches at once, each on its own side stream
+            (batches still come out in the loader's order). Ignored without a decoder or on CPU.
     """
 
     def __init__(
@@ -125,8 +132,11 @@ class DevicePrefetcher(LoaderProxy):
         mean: Sequence[float] = IMAGENET_MEAN_255,
         std: Sequence[float] = IMAGENET_STD_255,
         channels_last: bool = False,
-        decoder: Callable[[Any, torch.device], torch.Tensor] | None = None,
+        decoder: Callable[..., torch.Tensor] | None = None,
+        producers: int = 1,
     ) -> None:
+        if isinstance(producers, bool) or not isinstance(producers, int) or producers < 1:
+            raise ValueError(f"producers must be an integer >= 1 (threads that decode batches), got {producers!r}")
         self.loader = loader
         self.decoder = decoder
         self.device = torch.device(device)
@@ -134,22 +144,31 @@ class DevicePrefetcher(LoaderProxy):
         self.mean = torch.tensor(mean, device=self.device, dtype=torch.float32).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=self.device, dtype=torch.float32).view(1, -1, 1, 1)
         self.is_cuda = self.device.type == "cuda"
-        # One side stream per prefetcher: copies of consecutive batches are serialized on it, which is what
-        # keeps at most one batch in flight beyond the one being consumed.
-        self.stream = torch.cuda.Stream(device=self.device, priority=SIDE_STREAM_PRIORITY) if self.is_cuda else None
+        # A side stream per producer: one producer's batches are serialized on its stream. With one producer (and
+        # always without a decoder) that keeps at most one batch in flight beyond the one being consumed; each more
+        # producer (data.decode_threads) adds its own batches in flight (producer_threads.py).
+        self.producers = producers if decoder is not None and self.is_cuda else 1
+        self.streams = (
+            [torch.cuda.Stream(device=self.device, priority=SIDE_STREAM_PRIORITY) for _ in range(self.producers)]
+            if self.is_cuda
+            else []
+        )
+        self.stream = self.streams[0] if self.streams else None
         #: While a list (the step report switches it on for a profiling window only), every CUDA batch appends its
         #: :class:`CopyEvents` to it; ``None`` costs nothing. list.append is atomic, also from the decode thread.
         self.timing: list[CopyEvents] | None = None
         self._iterations: weakref.WeakSet = weakref.WeakSet()  # generators handed out and not yet finished
 
     # --- iteration ------------------------------------------------------------------------------------
-    def _to_device(self, batch: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _to_device(self, batch: Sequence[Any], lane: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         images, targets = batch[0], batch[1]
         timing = self.timing if self.is_cuda else None
         if timing is not None:
             events = self._copy_started(images, targets)
         if self.decoder is not None:
-            images = self.decoder(images, self.device)  # float32 on the 0..255 scale, already on the device
+            # float32 on the 0..255 scale, already on the device
+            lanes = {"lane": lane} if self.producers > 1 else {}
+            images = self.decoder(images, self.device, **lanes)
         else:
             images = images.to(self.device, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
@@ -228,64 +247,35 @@ class DevicePrefetcher(LoaderProxy):
             return self._to_device(batch)
 
     def _threaded(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Decodes on a producer thread: the decoder's host work (file bytes to nvJPEG, a few dozen launches per
-        batch) then runs beside the training loop's own launches instead of in front of them."""
-        assert self.stream is not None
-        handoff: queue.Queue = queue.Queue(maxsize=1)
-        stop = threading.Event()
+        """Decodes on producer threads (``producers``, each with its own side stream): the decoder's host work (file
+        bytes to nvJPEG, a few dozen launches per batch) then runs beside the training loop's own launches instead
+        of in front of them, and several batches' at once (producer_threads.py)."""
 
-        def put(item: Any) -> None:
-            while not stop.is_set():
-                try:
-                    handoff.put(item, timeout=0.05)
-                    return
-                except queue.Full:
-                    continue
+        def on_thread(lane: int) -> contextlib.ExitStack:
+            name_os_thread(PRODUCER_THREAD_NAME if self.producers == 1 else f"{PRODUCER_THREAD_NAME}-{lane}")
+            stack = contextlib.ExitStack()
+            stack.enter_context(torch.cuda.device(self.device))
+            stack.enter_context(torch.cuda.stream(self.streams[lane]))
+            return stack
 
-        def produce() -> None:
-            name_os_thread(PRODUCER_THREAD_NAME)
-            try:
-                with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-                    for batch in self.loader:
-                        if stop.is_set():
-                            break
-                        images, targets = self._to_device(batch)
-                        ready = torch.cuda.Event()
-                        ready.record(self.stream)
-                        put((images, targets, ready))
-            except BaseException as error:  # handed to the consumer, raised there with its traceback
-                put(_Failure(error))
-            put(_END)
+        def produce(lane: int, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+            images, targets = self._to_device(batch, lane)
+            ready = torch.cuda.Event()
+            ready.record(self.streams[lane])
+            return images, targets, ready
 
-        producer = threading.Thread(target=produce, name="DevicePrefetcher", daemon=True)
-        producer.start()
+        batches = ordered_map(self.loader, produce, self.producers, name="DevicePrefetcher", thread_context=on_thread)
         try:
-            while True:
-                item = handoff.get()
-                if item is _END:
-                    return
-                if isinstance(item, _Failure):
-                    raise item.error
-                images, targets, ready = item
+            for images, targets, ready in batches:
                 consumer = torch.cuda.current_stream(self.device)
                 consumer.wait_event(ready)
                 images.record_stream(consumer)
                 targets.record_stream(consumer)
-                del item
                 yield images, targets
         finally:
-            # Also when the consumer stops early (exit after a profiling window): the producer must be done with
+            # Also when the consumer stops early (exit after a profiling window): the producers must be done with
             # the loader's iterator before the next epoch asks the loader for a new one.
-            stop.set()
-            producer.join()
-
-
-class _Failure:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-_END = object()
+            batches.close()
 
 
 class SyntheticBatches:

@@ -235,6 +235,53 @@ def test_gpu_decode_trains_with_files_nvjpeg_should_not_get(tmp_path: Path, cpu_
     assert 0.0 <= trainer.callback_metrics["val_acc1"].item() <= 1.0
 
 
+@pytest.mark.parametrize("nvjpeg", ["torchvision", "preallocated"])
+def test_two_decode_threads_give_the_batches_of_one(tmp_path: Path, nvjpeg: str):
+    """data.decode_threads 2: the same batches in the same order as one thread (each thread its own stream and
+    nvJPEG decoder), the finished crops of the CPU share included; two epochs, so the threads start twice."""
+    from types import SimpleNamespace
+
+    from lightning_fabric.utilities.data import _set_sampler_epoch
+
+    root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=12, val_per_class=2, image_size=96)
+    trainer = SimpleNamespace(world_size=1, global_rank=0, strategy=SimpleNamespace(root_device=torch.device("cuda")))
+    epochs = {}
+    for threads in (1, 2):
+        data = ImageNetDataModule(
+            root=str(root), batch_size=16, workers=2, crop_size=64, val_resize_size=73, val_crop_size=64,
+            channels_last=True, decode="gpu", cpu_decode_share=0.3, nvjpeg=nvjpeg, decode_threads=threads,
+        )  # fmt: skip
+        data.trainer = trainer
+        data.setup("fit")
+        loader = data.train_dataloader()
+        assert loader.producers == threads and len(loader.streams) == threads
+        epochs[threads] = []
+        for epoch in (0, 1):
+            _set_sampler_epoch(loader, epoch)
+            epochs[threads].append([(x.cpu(), y.cpu()) for x, y in loader])
+        data.teardown("fit")
+    for one, two in zip(epochs[1], epochs[2], strict=True):
+        assert len(one) == len(two) == 120 // 16
+        for (x1, y1), (x2, y2) in zip(one, two, strict=True):
+            assert torch.equal(y1, y2)
+            # The same kernels on other streams; the fp16 resize's matmuls may pick other cuBLAS kernels there.
+            torch.testing.assert_close(x2, x1, rtol=0, atol=1e-3)
+    assert not torch.equal(epochs[1][0][0][0], epochs[1][1][0][0])  # the epochs differ: the sampler's epoch reached
+
+
+def test_gpu_fit_with_two_decode_threads(tmp_path: Path):
+    root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=12, val_per_class=3, image_size=96)
+    data = ImageNetDataModule(
+        root=str(root), batch_size=16, workers=2, crop_size=64, val_resize_size=73, val_crop_size=64,
+        channels_last=True, decode="gpu", nvjpeg="preallocated", decode_threads=2,
+    )  # fmt: skip
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=16, channels_last=True)
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=2, **QUIET)
+    trainer.fit(model, data)
+    assert trainer.global_step == 2 * (120 // 16)
+    assert 0.0 <= trainer.callback_metrics["val_acc1"].item() <= 1.0
+
+
 class _NoSyncWindow(pl.Callback):
     """Makes the synchronizing CUDA calls torch detects raise (``torch.cuda.set_sync_debug_mode("error")``, a prototype
     that does not detect every kind) from the start to the end of training batches ``first``..``last``: forward,

@@ -354,6 +354,10 @@ def test_a_shared_buffer_is_freed_unless_another_tensor_still_reads_it():
         ({"decode": "cpu", "cpu_decode_share": 0.5}, "with data.decode: cpu it has no effect"),
         ({"decode": "gpu", "nvjpeg": "dali"}, "data.nvjpeg must be one of torchvision, preallocated, got 'dali'"),
         ({"decode": "cpu", "nvjpeg": "preallocated"}, "chooses how data.decode: gpu calls nvJPEG; set data.decode"),
+        ({"decode": "gpu", "decode_threads": 0}, "data.decode_threads must be an integer from 1 to 8.*got 0"),
+        ({"decode": "gpu", "decode_threads": 9}, "data.decode_threads must be an integer from 1 to 8.*got 9"),
+        ({"decode": "gpu", "decode_threads": True}, "data.decode_threads must be an integer from 1 to 8.*got True"),
+        ({"decode": "cpu", "decode_threads": 2}, "sets the threads of data.decode: gpu; with data.decode: cpu"),
     ],
 )
 def test_the_data_module_refuses_a_share_that_cannot_apply(kwargs, message):

@@ -256,3 +256,49 @@ def test_the_producer_thread_has_its_os_name() -> None:
 
     batches = list(DevicePrefetcher(uint8_batches(3), "cuda", decoder=decoder))
     assert len(batches) == 3 and names == [PRODUCER_THREAD_NAME] * 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_several_producers_hand_batches_out_in_order_each_on_its_own_lane_and_stream() -> None:
+    """Batch i is decoded by producer i % 3, with ``lane`` = its index, on that producer's side stream and OS thread
+    name; the consumer gets every batch, in the loader's order, normalized as the reference."""
+    source = uint8_batches(7, batch=16, size=32)
+    calls: list[tuple[int, int, str, int]] = []  # (batch, lane, OS thread name, stream)
+
+    def decoder(images: torch.Tensor, device: torch.device, lane: int) -> torch.Tensor:
+        index = next(i for i, (x, _) in enumerate(source) if x is images)
+        calls.append((index, lane, os_thread_name(threading.get_native_id()), torch.cuda.current_stream().stream_id))
+        return images.to(device, non_blocking=True).float()
+
+    prefetcher = DevicePrefetcher(source, "cuda", decoder=decoder, producers=3)
+    out = list(prefetcher)
+    assert len(out) == 7
+    for (images, targets), (reference_images, reference_targets) in zip(out, source, strict=True):
+        assert torch.allclose(images.cpu(), reference(reference_images), atol=1e-5)
+        assert torch.equal(targets.cpu(), reference_targets)
+    streams = [s.stream_id for s in prefetcher.streams]
+    assert len(set(streams)) == 3 and torch.cuda.default_stream().stream_id not in streams
+    assert sorted(calls) == [(i, i % 3, f"{PRODUCER_THREAD_NAME}-{i % 3}", streams[i % 3]) for i in range(7)]
+
+
+@pytest.mark.parametrize("producers", [0, 2.0, True])
+def test_a_producer_count_below_one_or_not_an_integer_is_refused(producers: object) -> None:
+    with pytest.raises(ValueError, match="producers must be an integer >= 1"):
+        DevicePrefetcher([], "cpu", producers=producers)  # type: ignore[arg-type]
+
+
+def test_producers_change_nothing_on_cpu() -> None:
+    """On CPU the prefetcher runs in the caller's thread whatever ``producers`` says: same batches, no lane."""
+    seen = []
+
+    def decoder(images: torch.Tensor, device: torch.device) -> torch.Tensor:
+        seen.append(threading.current_thread() is threading.main_thread())
+        return images.to(device).float()
+
+    prefetcher = DevicePrefetcher(uint8_batches(3), "cpu", decoder=decoder, producers=4)
+    assert prefetcher.producers == 1 and prefetcher.streams == []
+    out = list(prefetcher)
+    assert seen == [True] * 3
+    for (images, _), (reference_images, _) in zip(out, uint8_batches(3), strict=True):
+        assert torch.allclose(images, reference(reference_images), atol=1e-5)
