@@ -29,7 +29,8 @@
 #            steps under nsys needs DURATION, STACKS_AFTER_S and STAGE_TIMEOUT well above that (not tried)
 # report   : a ResNet-50 profiling window with the step-time report (callbacks/step_timer.py) on the JPEG folder
 #            (DECODE sets data.decode, default gpu; SHARE data.cpu_decode_share, default 0; NVJPEG data.nvjpeg, default
-#            torchvision; SIDE=N reads the folder's resize_dataset.py copy at short side N;
+#            torchvision; THREADS data.decode_threads, default 1; SIDE=N reads the folder's resize_dataset.py copy at
+#            short side N;
 #            COMPILE=MODE sets model.compile; MODE:tuned also model.compile_tuning)
 # report2  : the same on 2 GPUs (DDP): one report with both ranks; SHARE sets data.cpu_decode_share of both (default 0)
 # report-synthetic, report2-synthetic: the same on synthetic data, the reference for the phases' GPU times (what the
@@ -41,7 +42,7 @@
 #            by kernel class (bench/kernel_classes.py)
 # producer : the compiled decode split under bench/producer_timing.py on CORES cores (default 16; CORES-2 workers):
 #            one process per variant of VARIANTS (default app_folder_gpu_tv@0.5 and @0.7, COMPILE default
-#            reduce-overhead appended to each), its img/s and where the prefetcher's producer thread spent each batch;
+#            reduce-overhead put in each, before any +threads=N), its img/s and where the prefetcher's producer thread spent each batch;
 #            SYNC_RELEASE=1 frees the host buffers on the producer as before the releaser thread; PRODUCER_ARGS adds
 #            producer_timing.py's other options (e.g. "--side-priority -1 --decode-priority -2"), TAG names the logs
 #            of such a run apart; a synthetic row first
@@ -154,7 +155,8 @@ for stage in "$@"; do
     if [ "${stage#*-}" = synthetic ]; then input=(--config configs/resnet50_synthetic.yaml)
     else jpegs; root=$data; if [ -n "${SIDE:-}" ]; then resized "$SIDE" || continue; root=${data}_$SIDE; fi
       input=(--config configs/resnet50_imagenet.yaml --data.root "$root" --data.workers $(($(nproc) / n))
-      --data.decode "${DECODE:-gpu}" --data.cpu_decode_share "${SHARE:-0}" --data.nvjpeg "${NVJPEG:-torchvision}"); fi
+      --data.decode "${DECODE:-gpu}" --data.cpu_decode_share "${SHARE:-0}" --data.nvjpeg "${NVJPEG:-torchvision}"
+      --data.decode_threads "${THREADS:-1}"); fi
     input+=($(compile_args))
     timeout "$limit" python3 train.py "${input[@]}" --data.batch_size 256 --trainer.devices "$n" \
       --trainer.precision "${PRECISION:-bf16-mixed}" --trainer.max_steps 40 --trainer.enable_progress_bar false \
@@ -180,11 +182,12 @@ for stage in "$@"; do
     jpegs; cores=${CORES:-16}; mode=${COMPILE:-reduce-overhead}; sync=(); [ -n "${SYNC_RELEASE:-}" ] && sync=(--sync-release)
     read -ra extra <<< "${PRODUCER_ARGS:-}"
     for v in app_synthetic $(echo "${VARIANTS:-app_folder_gpu_tv@0.5,app_folder_gpu_tv@0.7}" | tr , ' '); do
-      log="$out/producer${TAG:+_$TAG}_${v//[@:]/_}.txt"
+      log="$out/producer${TAG:+_$TAG}_${v//[@:+=]/_}.txt"
+      head=${v%%+*}; child="$head:$mode${v#"$head"}"  # the mode goes before +options (+threads=N)
       BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
         bench/producer_timing.py "${sync[@]}" "${extra[@]}" -- bench/throughput.py --arch resnet50 --precision bf16 --channels-last \
-        --compile --workers $((cores - 2)) --data "$data" --child "$v:$mode" > "$log" 2>&1
-      echo "--- $v:$mode: $(grep -o '"img_s": [0-9.]*' "$log")"
+        --compile --workers $((cores - 2)) --data "$data" --child "$child" > "$log" 2>&1
+      echo "--- $child: $(grep -o '"img_s": [0-9.]*' "$log")"
       grep -A22 "^producer timing" "$log" | grep -v "^$"
     done ;;
   ddp-*)

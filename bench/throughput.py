@@ -35,6 +35,9 @@ Variants:
     app_folder_gpu_onegroup[@S]  app_folder_gpu[@S] with the whole batch resized as one group, padded to its largest
                    crop (gpu_decode.MAX_PADDED_PIXELS 256 x 512 x 512, the old default, which never split a batch of
                    256)
+    APP_VARIANT+threads=N  an app_folder_gpu variant with data.decode_threads=N: N threads decode batches at once
+                   (producer_threads.py), e.g. app_folder_gpu_preallocated_tv@0.5:reduce-overhead+threads=2; on any
+                   GPU count
     APP_VARIANT+OPTION[+OPTION]  an app variant with options of torch's DistributedDataParallel (under DDP only):
                    +bucket_view (gradient_as_bucket_view: gradients are views into the all-reduce buckets, no copy),
                    +static_graph, +bucket_mb=N (bucket_cap_mb, torch's default 25), e.g. app_synthetic+bucket_view;
@@ -110,16 +113,19 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 def ddp_options(variant: str) -> tuple[str, dict]:
     """``app_synthetic+bucket_view+bucket_mb=50`` -> ``("app_synthetic", {"gradient_as_bucket_view": True,
-    "bucket_cap_mb": 50.0})``: the variant without its options, and the keyword arguments for torch's DDP.
+    "bucket_cap_mb": 50.0})``: the variant without its DDP options, and the keyword arguments for torch's DDP.
     A compile mode stays with the variant (``app_synthetic:reduce-overhead+bucket_view`` ->
-    ``app_synthetic:reduce-overhead``): it comes before the options."""
+    ``app_synthetic:reduce-overhead``): it comes before the options; so does ``+threads=N``
+    (:func:`decode_threads`), which is no DDP option."""
     variant, *options = variant.split("+")
     if options and not variant.startswith("app_"):
-        raise ValueError(f"DDP options {'+'.join(options)!r}: only app variants take them, not {variant!r}")
+        raise ValueError(f"options {'+'.join(options)!r}: only app variants take them, not {variant!r}")
     kwargs: dict = {}
     for option in options:
         key, eq, value = option.partition("=")
-        if option == "bucket_view":
+        if key == "threads":
+            variant += "+" + option  # checked by decode_threads
+        elif option == "bucket_view":
             kwargs["gradient_as_bucket_view"] = True
         elif option == "static_graph":
             kwargs["static_graph"] = True
@@ -131,6 +137,22 @@ def ddp_options(variant: str) -> tuple[str, dict]:
                 f"unknown DDP option {option!r} in {variant}+...; valid: {', '.join(DDP_OPTIONS)} (N > 0){hint}"
             )
     return variant, kwargs
+
+
+def decode_threads(variant: str) -> tuple[str, int]:
+    """``app_folder_gpu@0.5:reduce-overhead+threads=2+bucket_view`` -> ``("app_folder_gpu@0.5:reduce-overhead
+    +bucket_view", 2)``: the variant without ``+threads=N`` and its data.decode_threads (1 without one). Only
+    ``app_folder_gpu`` variants take it, N from 1 to 8 (the data module's range), once."""
+    head, *options = variant.split("+")
+    counts = [option.partition("=")[2] for option in options if option.partition("=")[0] == "threads"]
+    if not counts:
+        return variant, 1
+    if len(counts) > 1 or not counts[0].isdigit() or not 1 <= int(counts[0]) <= 8:
+        raise ValueError(f"variant {variant!r}: one +threads=N with N from 1 to 8 (data.decode_threads)")
+    if not head.startswith("app_folder_gpu"):
+        raise ValueError(f"variant {variant!r}: +threads=N (data.decode_threads) applies to app_folder_gpu variants")
+    rest = [option for option in options if option.partition("=")[0] != "threads"]
+    return "+".join([head, *rest]), int(counts[0])
 
 
 def compile_mode(variant: str) -> tuple[str, str | None]:
@@ -162,7 +184,7 @@ def split_variant(variant: str) -> tuple[str, float]:
     """``app_folder_gpu@0.7`` -> ``("app_folder_gpu", 0.7)``; any other variant has a CPU decode share of 0.
     DDP options after ``+`` (``ddp_options``) and a compile mode after ``:`` (``compile_mode``) are checked and left
     out."""
-    name, at, share = compile_mode(ddp_options(variant)[0])[0].partition("@")
+    name, at, share = compile_mode(decode_threads(ddp_options(variant)[0])[0])[0].partition("@")
     if name not in VARIANTS or (at and not name.startswith("app_folder_gpu")):
         raise ValueError(
             f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, "
@@ -322,6 +344,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
 
     name, cpu_share = split_variant(variant)
     ddp_kwargs = ddp_options(variant)[1]
+    threads = decode_threads(variant)[1]
     mode = app_compile_mode(variant, a.compile)
     compile_as, _, tuned = (mode or "").partition(":")
     folder = name.startswith("app_folder")
@@ -344,6 +367,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         decode="gpu" if name.startswith("app_folder_gpu") else "cpu",
         cpu_decode_share=cpu_share,
         nvjpeg="preallocated" if "_preallocated" in name else "torchvision",
+        decode_threads=threads,
         cpu_decoder=workers_decoder(name),
     )
     model = ImageNetClassifier(
@@ -461,7 +485,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         sys.exit(f"--variants: {error}")
     folders = [v for v in a.variants.split(",") if v.startswith("app_folder")]
-    if max(gpu_counts) == 1 and "+" in a.variants:
+    if max(gpu_counts) == 1 and any(ddp_options(variant)[1] for variant in a.variants.split(",")):
         sys.exit("--variants: DDP options (+...) need --gpus with a count above 1")
     moded = [v for v in a.variants.split(",") if compile_mode(v)[1]]
     if moded and not a.compile:

@@ -135,6 +135,50 @@ def test_an_option_variant_reuses_its_base_row_on_one_gpu_and_runs_under_ddp(thr
     assert table[3].startswith("| app_synthetic+bucket_view | 2 | 11,500 |") and "| 0.958 |" in table[3]
 
 
+def test_a_threads_option_sets_the_decode_threads_of_a_gpu_decode_row_on_any_gpu_count(
+    throughput, monkeypatch, capsys
+) -> None:
+    variant = "app_folder_gpu_preallocated_tv@0.5:reduce-overhead+threads=2"
+    assert throughput.decode_threads(variant) == ("app_folder_gpu_preallocated_tv@0.5:reduce-overhead", 2)
+    assert throughput.decode_threads("app_folder_gpu@0.5") == ("app_folder_gpu@0.5", 1)
+    assert throughput.decode_threads("app_folder_gpu+threads=3+bucket_view") == ("app_folder_gpu+bucket_view", 3)
+    assert throughput.ddp_options(variant + "+bucket_view") == (variant, {"gradient_as_bucket_view": True})
+    assert throughput.split_variant(variant) == ("app_folder_gpu_preallocated_tv", 0.5)
+    assert throughput.compile_mode(throughput.decode_threads(variant)[0])[1] == "reduce-overhead"
+    for bad, message in [
+        ("app_folder_gpu+threads=0", "one \\+threads=N with N from 1 to 8"),
+        ("app_folder_gpu+threads=9", "one \\+threads=N with N from 1 to 8"),
+        ("app_folder_gpu+threads=two", "one \\+threads=N with N from 1 to 8"),
+        ("app_folder_gpu+threads=2+threads=3", "one \\+threads=N with N from 1 to 8"),
+        ("app_folder+threads=2", "applies to app_folder_gpu variants"),
+        ("app_synthetic+threads=2", "applies to app_folder_gpu variants"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            throughput.split_variant(bad)
+
+    # On one GPU the row runs (it is no DDP option), as its own process, next to the one-thread row.
+    monkeypatch.setattr(throughput, "check_epoch_room", lambda *args: None)
+    calls = stub_children(monkeypatch)
+    throughput.main(["--data", "/unused", "--variants", "app_folder_gpu@0.5,app_folder_gpu@0.5+threads=2"])
+    assert [child(cmd) for cmd, _ in calls] == ["app_folder_gpu@0.5", "app_folder_gpu@0.5+threads=2"]
+    assert "| app_folder_gpu@0.5+threads=2 | 1 | 5,000 |" in capsys.readouterr().out
+
+    # The variant's process hands the count to the data module.
+    import datamodule
+
+    class Built(Exception):
+        pass
+
+    def recorder(**kwargs: object) -> None:
+        raise Built(kwargs)
+
+    monkeypatch.setattr(datamodule, "ImageNetDataModule", recorder)
+    with pytest.raises(Built) as built:
+        throughput.run_app(throughput.parse(["--data", "/unused", "--compile"]), variant)
+    kwargs = built.value.args[0]
+    assert kwargs["decode_threads"] == 2 and kwargs["nvjpeg"] == "preallocated" and kwargs["cpu_decode_share"] == 0.5
+
+
 def test_compiled_runs_warm_up_longer_unless_told(throughput) -> None:
     assert throughput.parse([]).warmup == 20
     assert throughput.parse(["--compile"]).warmup == 60
