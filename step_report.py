@@ -203,6 +203,8 @@ def build_report(summaries: Sequence[dict]) -> dict:
         "cuda": any(r.get("device", "").startswith("cuda") for r in ranks),
         "input": "/".join(sorted({r.get("input") or "unknown" for r in ranks})),
         "cpu_decoder": "/".join(sorted({r["cpu_decoder"] for r in ranks if r.get("cpu_decoder")})) or None,
+        # The fewest threads decoding on any rank (data.decode_threads; None: not recorded or no GPU decode).
+        "decode_threads": min((r["decode_threads"] for r in ranks if r.get("decode_threads")), default=None),
         # The fewest hardware queues of any rank (None: not recorded, as in reports from before the field).
         "device_connections": min(
             (r["device_connections"] for r in ranks if r.get("device_connections")), default=None
@@ -266,7 +268,8 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             # behind the training step's kernels, and the call spins on the producer thread meanwhile: compiled
             # ResNet-50 on the original JPEGs ran at 0.748 of synthetic data with 8 queues and 0.957 with 32
             # (bench/RESULTS.md, sixteenth session). With 32, the producer thread's host work is what is left: the
-            # workers can take a share of the files off it while they have cores to spare.
+            # workers can take a share of the files off it while they have cores to spare. A second decoding thread
+            # gave ResNet-18 1.075x and compiled ResNet-50 nothing (seventeenth session): named last.
             if connections is not None and connections < cuda_env.CONNECTIONS:
                 advice = (
                     f"nvJPEG's calls wait behind the training step in CUDA's hardware queues "
@@ -274,10 +277,13 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
                     f"{cuda_env.CONNECTIONS} before CUDA starts (train.py does unless the environment sets it)"
                 )
             else:
+                threads = overall.get("decode_threads") or 1
+                who = "one thread decodes every batch" if threads == 1 else f"{threads} threads decode the batches"
+                more = ", data.decode_threads 2" if threads == 1 else ""
                 advice = (
-                    "the GPU decode path's host work holds up the training process (one thread decodes every batch: "
-                    "bench/producer_timing.py times it): raise data.cpu_decode_share while CPU cores are free, "
-                    "data.nvjpeg preallocated, or data.decode cpu on a pre-resized copy (resize_dataset.py)"
+                    f"the GPU decode path's host work holds up the training process ({who}: bench/producer_timing.py "
+                    "times it): raise data.cpu_decode_share while CPU cores are free, data.nvjpeg preallocated"
+                    f"{more}, or data.decode cpu on a pre-resized copy (resize_dataset.py)"
                 )
         else:
             # Fewer pixels per file: on an H200's 16 cores PIL kept compiled ResNet-50 fed from a copy at short side 256

@@ -71,6 +71,7 @@ class StepTimer:
         self._compile: str | None = None
         self._compile_tuning = False
         self._cpu_decoder: str | None = None
+        self._decode_threads: int | None = None
         self._between: dict[int, list[str]] = {}  # step -> the work between it and the next step (epoch end, ...)
 
     # --- recording (inside the window only) ------------------------------------------------------------
@@ -83,6 +84,7 @@ class StepTimer:
         loaders = trainer.train_dataloader
         # What feeds the steps: copies are measured for the prefetcher; synthetic batches live on the device already.
         self._input = "on-device" if isinstance(loaders, SyntheticBatches) else "other"
+        self._decode_threads = None
         # The model's torch.compile mode: the advice for launch overhead depends on whether CUDA graphs are on already.
         hparams = getattr(getattr(trainer, "lightning_module", None), "hparams", None) or {}
         mode = hparams.get("compile")
@@ -97,6 +99,9 @@ class StepTimer:
         if prefetchers:
             # The verdict's advice differs: an input stall with the GPU decoding is GPU time, not CPU cores.
             self._input = "gpu-decode" if any(p.decoder is not None for p in prefetchers) else "prefetcher"
+            # How many threads decode (data.decode_threads): the advice for an input stall depends on it.
+            decoding = [p.producers for p in prefetchers if p.decoder is not None]
+            self._decode_threads = max(decoding) if decoding else None
         if self._cuda:
             self._prefetchers = prefetchers
             for prefetcher in prefetchers:
@@ -213,6 +218,7 @@ class StepTimer:
             # The hardware queues this process asked CUDA for: with fewer than 32, nvJPEG's calls wait behind the step.
             "device_connections": cuda_env.connections() if self._cuda else None,
             "cpu_decoder": self._cpu_decoder,
+            "decode_threads": self._decode_threads,
             "compile": self._compile,
             "compile_tuning": self._compile_tuning,
         }
@@ -368,7 +374,8 @@ def _copies(
         t, o = trace_summary.overlap([interval], compute)
         total, inside = total + t, inside + o
         done.append(c)
-        # The step whose host time the copy was issued in (side-stream time: not part of the step's sum).
+        # The step whose host time the copy was issued in (side-stream time: not part of the step's sum). With several
+        # producers (data.decode_threads) two lanes' copies may run at once: the sum is stream time, not wall time.
         index = max((i for i, a in enumerate(starts) if a <= c.issued * 1000), default=None)
         if index is not None:
             row = steps[index]["row"]

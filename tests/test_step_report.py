@@ -131,8 +131,14 @@ def test_with_the_gpu_decoding_an_input_stall_points_at_cpu_cores_not_at_the_gpu
     assert build_report([stalled])["findings"] == [
         "input-bound: data wait is 20.0% of the step; the GPU decode path's host work holds up the training process "
         "(one thread decodes every batch: bench/producer_timing.py times it): raise data.cpu_decode_share while CPU "
-        "cores are free, data.nvjpeg preallocated, or data.decode cpu on a pre-resized copy (resize_dataset.py)"
+        "cores are free, data.nvjpeg preallocated, data.decode_threads 2, or data.decode cpu on a pre-resized copy "
+        "(resize_dataset.py)"
     ]
+    # With data.decode_threads above 1 (the fewest of the ranks) the advice says how many and leaves the knob out.
+    threaded = build_report([stalled | {"decode_threads": 3}, stalled | {"decode_threads": 2}])["findings"][0]
+    assert "(2 threads decode the batches: bench/producer_timing.py times it)" in threaded
+    assert "decode_threads" not in threaded
+    assert build_report([stalled | {"decode_threads": 1}])["findings"] == build_report([stalled])["findings"]
     # With CUDA's 8 hardware queues (on any rank) nvJPEG's calls wait behind the step: that is the first thing to fix.
     for connections in (8, 1):
         few = build_report([stalled | {"device_connections": 32}, stalled | {"device_connections": connections}])

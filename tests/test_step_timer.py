@@ -294,7 +294,10 @@ def test_the_summary_names_the_input_path(decoder, expected):
     timer = StepTimer()
     trainer = fake_trainer("cpu", loader=DevicePrefetcher([], "cpu", decoder=decoder))
     timer.start(trainer, (0, 0))
-    assert timer.finish(trainer)["input"] == expected
+    summary = timer.finish(trainer)
+    assert summary["input"] == expected
+    # One thread decodes on CPU whatever data.decode_threads says; no GPU decode, no count.
+    assert summary["decode_threads"] == (1 if decoder else None)
 
 
 @pytest.mark.parametrize("cpu_decoder", ["pil", "torchvision"])
