@@ -269,7 +269,8 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             # ResNet-50 on the original JPEGs ran at 0.748 of synthetic data with 8 queues and 0.957 with 32
             # (bench/RESULTS.md, sixteenth session). With 32, the producer thread's host work is what is left: the
             # workers can take a share of the files off it while they have cores to spare. A second decoding thread
-            # gave ResNet-18 1.075x and compiled ResNet-50 nothing (seventeenth session): named last.
+            # gave ResNet-18 1.075x and compiled ResNet-50 nothing (seventeenth session): named after the options
+            # that gained more.
             if connections is not None and connections < cuda_env.CONNECTIONS:
                 advice = (
                     f"nvJPEG's calls wait behind the training step in CUDA's hardware queues "
@@ -278,12 +279,14 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
                 )
             else:
                 threads = overall.get("decode_threads") or 1
-                who = "one thread decodes every batch" if threads == 1 else f"{threads} threads decode the batches"
-                more = ", data.decode_threads 2" if threads == 1 else ""
+                who, more = "one thread decodes every batch", ", data.decode_threads 2"
+                if threads > 1:
+                    who, more = f"{threads} threads decode the batches", ""
+                timed = "times it" if threads == 1 else "times them"
                 advice = (
                     f"the GPU decode path's host work holds up the training process ({who}: bench/producer_timing.py "
-                    "times it): raise data.cpu_decode_share while CPU cores are free, data.nvjpeg preallocated"
-                    f"{more}, or data.decode cpu on a pre-resized copy (resize_dataset.py)"
+                    f"{timed}): raise data.cpu_decode_share while CPU cores are free, data.nvjpeg preallocated{more}, "
+                    "or data.decode cpu on a pre-resized copy (resize_dataset.py)"
                 )
         else:
             # Fewer pixels per file: on an H200's 16 cores PIL kept compiled ResNet-50 fed from a copy at short side 256

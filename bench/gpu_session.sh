@@ -42,7 +42,8 @@
 #            by kernel class (bench/kernel_classes.py)
 # producer : the compiled decode split under bench/producer_timing.py on CORES cores (default 16; CORES-2 workers):
 #            one process per variant of VARIANTS (default app_folder_gpu_tv@0.5 and @0.7, COMPILE default
-#            reduce-overhead put in each, before any +threads=N), its img/s and where the prefetcher's producer thread spent each batch;
+#            reduce-overhead put in each, before any +threads=N), its img/s and where the prefetcher's producer
+#            thread(s) spent each batch;
 #            SYNC_RELEASE=1 frees the host buffers on the producer as before the releaser thread; PRODUCER_ARGS adds
 #            producer_timing.py's other options (e.g. "--side-priority -1 --decode-priority -2"), TAG names the logs
 #            of such a run apart; a synthetic row first

@@ -182,8 +182,8 @@ def compile_mode(variant: str) -> tuple[str, str | None]:
 
 def split_variant(variant: str) -> tuple[str, float]:
     """``app_folder_gpu@0.7`` -> ``("app_folder_gpu", 0.7)``; any other variant has a CPU decode share of 0.
-    DDP options after ``+`` (``ddp_options``) and a compile mode after ``:`` (``compile_mode``) are checked and left
-    out."""
+    Options after ``+`` (``ddp_options``, ``decode_threads``) and a compile mode after ``:`` (``compile_mode``) are
+    checked and left out."""
     name, at, share = compile_mode(decode_threads(ddp_options(variant)[0])[0])[0].partition("@")
     if name not in VARIANTS or (at and not name.startswith("app_folder_gpu")):
         raise ValueError(

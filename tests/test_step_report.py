@@ -136,7 +136,7 @@ def test_with_the_gpu_decoding_an_input_stall_points_at_cpu_cores_not_at_the_gpu
     ]
     # With data.decode_threads above 1 (the fewest of the ranks) the advice says how many and leaves the knob out.
     threaded = build_report([stalled | {"decode_threads": 3}, stalled | {"decode_threads": 2}])["findings"][0]
-    assert "(2 threads decode the batches: bench/producer_timing.py times it)" in threaded
+    assert "(2 threads decode the batches: bench/producer_timing.py times them)" in threaded
     assert "decode_threads" not in threaded
     assert build_report([stalled | {"decode_threads": 1}])["findings"] == build_report([stalled])["findings"]
     # With CUDA's 8 hardware queues (on any rank) nvJPEG's calls wait behind the step: that is the first thing to fix.
