@@ -313,15 +313,14 @@ class ImageNetDataModule(pl.LightningDataModule):
             for the JPEGs that decoder does not take (progressive ones). Off by default: a ctypes binding; in training
             on an H200 it was 1.022 times as fast as torchvision's (compiled, the originals, split 0.5, one run;
             README).
-        decode_threads: With ``decode: gpu``, how many threads of the training process decode batches at once
-            (1 to 8), each with its own side stream (and, with ``nvjpeg: preallocated``, its own nvJPEG decoder);
-            batches still come in the sampler's order. On an H200 with 32 hardware queues a second thread gave
-            compiled ResNet-50 nothing and eager ResNet-18, every JPEG on the GPU, 1.075 times the speed (README,
-            "Feeding the GPU"). Each more thread costs GPU memory: up to two more batches in flight (float32,
-            about 154 MB each at 256 x 224 x 224), its decoded images until their crops are read and, with
-            ``nvjpeg: preallocated``, its own decoder's buffers (about 200 MB at batch 256); measured, 0.36-0.62 GiB
-            more peak per thread. torchvision's binding has one decoder for all threads and decodes one call at a
-            time, so there only the crop stage overlaps.
+        decode_threads: With ``decode: gpu``, how many threads of the training process decode batches at once (1 to 8),
+            each with its own side stream (and, with ``nvjpeg: preallocated``, its own nvJPEG decoder); batches still
+            come in the sampler's order. On an H200 with 32 hardware queues a second thread gave compiled ResNet-50
+            nothing and eager ResNet-18 1.075-1.079 times the speed (README, "Feeding the GPU"). Each more thread costs
+            GPU memory: up to two more batches in flight (float32, about 154 MB each at 256 x 224 x 224), its decoded
+            images until their crops are read and, with ``nvjpeg: preallocated``, its own decoder's buffers (about 200
+            MB at batch 256); measured, 0.36-0.62 GiB more peak per thread. torchvision's binding has one decoder for
+            all threads and decodes one call at a time, so there only the crop stage overlaps.
         cpu_decoder: What decodes and crops the images the workers decode (all of them with ``decode: cpu``, the
             ``cpu_decode_share`` with ``decode: gpu``): ``torchvision`` (uint8 tensors: ``torchvision.io.decode_jpeg``,
             libjpeg-turbo as PIL, and torch's vectorized antialiased resize; the same boxes and flips, pixels within a
