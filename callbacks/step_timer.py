@@ -97,10 +97,10 @@ class StepTimer:
         self._cpu_decoder = decoder if isinstance(decoder, str) and self._input != "on-device" else None
         prefetchers = find_prefetchers(loaders)
         if prefetchers:
-            # The verdict's advice differs: an input stall with the GPU decoding is GPU time, not CPU cores.
-            self._input = "gpu-decode" if any(p.decoder is not None for p in prefetchers) else "prefetcher"
-            # How many threads decode (data.decode_threads): the advice for an input stall depends on it.
+            # The verdict's advice differs: an input stall with the GPU decoding is GPU time, not CPU cores; and it
+            # depends on how many threads decode (data.decode_threads).
             decoding = [p.producers for p in prefetchers if p.decoder is not None]
+            self._input = "gpu-decode" if decoding else "prefetcher"
             self._decode_threads = max(decoding) if decoding else None
         if self._cuda:
             self._prefetchers = prefetchers
