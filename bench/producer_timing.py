@@ -1,6 +1,7 @@
 """Where the prefetcher's producer thread spends its time: wall and CPU time per call of each step, per thread.
 
-    python bench/producer_timing.py [--switch-ms MS] [--sync-release] -- SCRIPT [ARGS ...]
+    python bench/producer_timing.py [--switch-ms MS] [--sync-release] [--gil-probe [--gil-probe-after S]] \
+        -- SCRIPT [ARGS ...]
 
 Runs the Python script SCRIPT (e.g. ``bench/throughput.py ... --child app_folder_gpu_tv@0.5:reduce-overhead``, one
 variant in this process) with the input path's functions wrapped, and at exit prints one Markdown row per thread and
@@ -28,6 +29,16 @@ Options:
                       default pool, where the training stream is) to -3 (the most urgent): whether the input path's
                       kernels, queued behind the training step's, hold the producer back. The two must differ (see
                       DECODE_STREAM_PRIORITY). On an H200 neither changed anything (sixteenth session).
+
+    --gil-probe       one more thread that sleeps 1 ms at a time and times how late each wake-up returns: a
+                      thread that wakes must take the interpreter's lock (the GIL) back, so lateness well above the
+                      probe's own before the script starts (printed beside it) is time the GIL was held by another
+                      thread. With one thread running Python all the time, a wake-up waits about a switch interval
+                      (5 ms by default); with the GIL mostly free, some tens of microseconds. Whether the producers
+                      and the training thread's launches take turns on one lock, or run side by side.
+    --gil-probe-after S
+                      start probing S seconds in: the start-up (imports, building the model) holds the GIL for long
+                      stretches of its own, so give the seconds before the timed steps to see the training alone.
 
 The rows ``torch.cuda.Event.synchronize`` and ``torch.cuda.Stream.synchronize`` are the thread's waits for the device
 (in ``_DecodeStream.decode``: for the previous batch's crops to be read before their memory is reused); ``torchvision
@@ -121,6 +132,79 @@ def instrument(
         gpu_decode.DECODE_STREAM_PRIORITY = decode_priority
 
 
+class GilProbe:
+    """A daemon thread that sleeps ``interval`` seconds at a time and records how late each ``time.sleep`` returns.
+
+    ``time.sleep`` drops the GIL and takes it back before it returns, so the lateness is the OS's wake-up plus the
+    wait for the GIL: near zero when no other thread holds it, about ``sys.getswitchinterval()`` when another thread
+    runs Python without pause (it keeps the GIL until asked to drop it after that interval).
+    """
+
+    def __init__(self, interval: float = 0.001, after: float = 0.0) -> None:
+        if not (math.isfinite(interval) and interval > 0):
+            raise ValueError(f"GilProbe interval must be a number of seconds > 0, got {interval}")
+        if not (math.isfinite(after) and after >= 0):
+            raise ValueError(f"GilProbe start delay must be a number of seconds >= 0, got {after}")
+        self.interval, self.after = interval, after
+        self.late: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> GilProbe:
+        self._thread = threading.Thread(target=self._run, name="GilProbe", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[float]:
+        """Stops and joins the thread; returns the lateness of every wake-up, in seconds."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return self.late
+
+    def _run(self) -> None:
+        # Start-up (imports, the model's build) holds the GIL for long stretches of its own: skip it when asked.
+        if self._stop.wait(self.after):
+            return
+        while not self._stop.is_set():
+            start = time.perf_counter()
+            time.sleep(self.interval)
+            self.late.append(time.perf_counter() - start - self.interval)
+
+    @staticmethod
+    def measure(seconds: float, interval: float = 0.001) -> list[float]:
+        """The lateness of the wake-ups of ``seconds`` of probing, the calling thread waiting on an event (the GIL
+        free): the probe's own, for comparison."""
+        probe = GilProbe(interval).start()
+        time.sleep(seconds)
+        return probe.stop()
+
+
+def gil_summary(late: list[float], baseline: list[float], interval: float, after: float = 0.0) -> list[str]:
+    """Lines that describe the probe's lateness (seconds) against its baseline: wake-ups, median, mean, 90th
+    percentile and the share later than a millisecond."""
+
+    def row(name: str, values: list[float]) -> str:
+        if not values:
+            return f"| {name} | 0 | | | | |"
+        ordered = sorted(values)
+        median, p90 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+        over = sum(v > 1e-3 for v in values) / len(values)
+        return (
+            f"| {name} | {len(values)} | {median * 1e3:.3f} | {sum(values) / len(values) * 1e3:.3f} | "
+            f"{p90 * 1e3:.3f} | {over:.1%} |"
+        )
+
+    return [
+        f"GIL probe: a thread that sleeps {interval * 1e3:g} ms at a time; how late its wake-ups returned "
+        f"(switch interval {sys.getswitchinterval() * 1e3:g} ms)",
+        "| when | wake-ups | median ms | mean ms | p90 ms | later than 1 ms |",
+        "|---|---|---|---|---|---|",
+        row("before the script (GIL free)", baseline),
+        row(f"during the script, from {after:g} s" if after else "during the script", late),
+    ]
+
+
 def table(stats: dict[tuple[str, int, str], list], seconds: float) -> list[str]:
     """The Markdown table of ``stats``, the longest total wall time first. Threads that share a name are told apart
     as ``name#2``, ``name#3``, ... in the order they first appear."""
@@ -149,6 +233,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sync-release", action="store_true", help="free CUDA batches' host buffers on the producer")
     p.add_argument("--side-priority", type=int, help="prefetcher.SIDE_STREAM_PRIORITY, 0 to -3")
     p.add_argument("--decode-priority", type=int, help="gpu_decode.DECODE_STREAM_PRIORITY, 0 to -3")
+    p.add_argument("--gil-probe", action="store_true", help="time how late a 1 ms sleeper gets the GIL back")
+    p.add_argument(
+        "--gil-probe-after", type=float, default=0.0, metavar="S", help="start the GIL probe S seconds in (default 0)"
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS ...]")
     a = p.parse_args(argv)
     if a.command[:1] == ["--"]:
@@ -159,6 +247,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(f"script {a.command[0]!r} not found")
     if a.switch_ms is not None and not (math.isfinite(a.switch_ms) and a.switch_ms > 0):
         p.error(f"--switch-ms must be a number > 0, got {a.switch_ms}")
+    if not (math.isfinite(a.gil_probe_after) and a.gil_probe_after >= 0):
+        p.error(f"--gil-probe-after must be a number of seconds >= 0, got {a.gil_probe_after}")
+    if a.gil_probe_after and not a.gil_probe:
+        p.error("--gil-probe-after needs --gil-probe")
     for flag, value in (("--side-priority", a.side_priority), ("--decode-priority", a.decode_priority)):
         if value is not None and not -3 <= value <= 0:
             p.error(f"{flag} must be one of PyTorch's stream priorities 0, -1, -2, -3, got {value}")
@@ -181,8 +273,19 @@ def main(argv: list[str] | None = None) -> None:
     if a.switch_ms is not None:
         sys.setswitchinterval(a.switch_ms / 1000)
     instrument(a.sync_release, a.side_priority, a.decode_priority)
+    probe = baseline = None
+    if a.gil_probe:
+        baseline = GilProbe.measure(0.5)
+        probe = GilProbe(after=a.gil_probe_after).start()
     start = time.perf_counter()
-    atexit.register(lambda: print("\n".join(table(STATS, time.perf_counter() - start)), flush=True))
+
+    def report() -> None:
+        lines = table(STATS, time.perf_counter() - start)
+        if probe is not None:
+            lines += ["", *gil_summary(probe.stop(), baseline or [], probe.interval, probe.after)]
+        print("\n".join(lines), flush=True)
+
+    atexit.register(report)
     sys.argv = a.command
     sys.path.insert(0, os.path.dirname(os.path.abspath(a.command[0])))  # as `python SCRIPT` has it
     runpy.run_path(a.command[0], run_name="__main__")

@@ -130,3 +130,57 @@ def test_sets_the_streams_priorities_and_refuses_a_shared_pool_or_a_value_out_of
         bad = run(flag, value, "--", str(script))
         assert bad.returncode == 2
         assert f"{flag} must be one of PyTorch's stream priorities 0, -1, -2, -3, got" in bad.stderr
+
+
+def gil_row(stdout: str, when: str) -> list[str]:
+    """The GIL probe's row ``when``: wake-ups, median, mean and p90 ms, the share later than 1 ms."""
+    for line in stdout.split("GIL probe:")[1].splitlines():
+        if line.startswith(f"| {when} |"):
+            return [cell.strip() for cell in line.strip("|").split("|")[1:]]
+    raise AssertionError(f"no GIL probe row {when!r} in:\n{stdout}")
+
+
+def test_gil_probe_sees_a_thread_that_holds_the_gil(tmp_path) -> None:
+    script = tmp_path / "busy.py"
+    # The main thread runs Python without pause for a second: it keeps the GIL until the probe's wait for it passes
+    # the switch interval (20 ms here), so each wake-up of the probe comes back about that late.
+    script.write_text("import time\nend = time.perf_counter() + 1.0\nwhile time.perf_counter() < end:\n    pass\n")
+    result = run("--gil-probe", "--switch-ms", "20", "--", str(script))
+    assert result.returncode == 0, result.stderr[-3000:]
+    wakeups, median, _, _, later = gil_row(result.stdout, "during the script")
+    assert 10 <= int(wakeups) <= 100 and float(median) > 10.0 and float(later.rstrip("%")) > 80
+    # Before the script the GIL was free: 0.5 s of 1 ms sleeps, each back in far less than the switch interval.
+    wakeups, median, _, _, _ = gil_row(result.stdout, "before the script (GIL free)")
+    assert int(wakeups) > 100 and float(median) < 5.0
+
+
+def test_gil_summary_rows_and_a_bad_interval(bench_script) -> None:
+    producer_timing = bench_script("producer_timing")
+    late = [0.0001] * 8 + [0.004, 0.006]  # seconds
+    lines = producer_timing.gil_summary(late, [], 0.001)
+    assert lines[3] == "| before the script (GIL free) | 0 | | | | |"
+    assert lines[4] == "| during the script | 10 | 0.100 | 1.080 | 6.000 | 20.0% |"
+    assert producer_timing.gil_summary(late, [], 0.001, after=15.0)[4].startswith(
+        "| during the script, from 15 s | 10 |"
+    )
+    for interval in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="GilProbe interval must be a number of seconds > 0"):
+            producer_timing.GilProbe(interval)
+    with pytest.raises(ValueError, match="GilProbe start delay must be a number of seconds >= 0, got -1"):
+        producer_timing.GilProbe(after=-1.0)
+
+
+def test_gil_probe_after_skips_the_start(tmp_path) -> None:
+    script = tmp_path / "busy_then_idle.py"
+    # Busy for the first second, then idle (sleeping) for half a second. A probe from the start would see about 50
+    # wake-ups 20 ms late among some 500 (10%); one that starts 1.1 s in sees only the idle part.
+    script.write_text(
+        "import time\nend = time.perf_counter() + 1.0\nwhile time.perf_counter() < end:\n    pass\ntime.sleep(0.5)\n"
+    )
+    result = run("--gil-probe", "--gil-probe-after", "1.1", "--switch-ms", "20", "--", str(script))
+    assert result.returncode == 0, result.stderr[-3000:]
+    wakeups, median, mean, _, later = gil_row(result.stdout, "during the script, from 1.1 s")
+    assert int(wakeups) > 50 and float(median) < 5.0 and float(mean) < 5.0 and float(later.rstrip("%")) < 5.0
+    assert "--gil-probe-after needs --gil-probe" in run("--gil-probe-after", "1", "--", str(script)).stderr
+    bad = run("--gil-probe", "--gil-probe-after", "-1", "--", str(script))
+    assert bad.returncode == 2 and "--gil-probe-after must be a number of seconds >= 0, got -1" in bad.stderr
