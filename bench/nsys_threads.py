@@ -10,20 +10,24 @@ Prints two Markdown tables over the report's span (its first to its last CUDA ac
   total time and share of the span, then its APIs by total time (calls, total ms, longest ms). A thread that only
   prepares data and spends most of the span in ``cudaEventSynchronize`` waits for the GPU, not for the interpreter's
   lock or its own work;
-- per stream: kernels and copies, their GPU time, and the share of the span each stream kept busy; then the share of
-  the span with any kernel or copy running on the device (the union of the intervals). A device busy most of the span
-  is the limit; one mostly idle while a thread waits on it points at the latency of that thread's chain of work.
+- per stream of each device: kernels, copies and memsets, their GPU time, and the share of the span each stream kept
+  busy; then, per device, the share of the span with any of them running (the union of the intervals). A device busy
+  most of the span is the limit; one mostly idle while a thread waits on it points at the latency of that thread's
+  chain of work.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sqlite3
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 NS_PER_MS = 1e6
+#: The GPU work a stream runs, in the order of the stream table's columns.
+WORK = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 
 
 def _tables(db: sqlite3.Connection) -> set[str]:
@@ -31,17 +35,24 @@ def _tables(db: sqlite3.Connection) -> set[str]:
 
 
 def thread_names(db: sqlite3.Connection) -> dict[int, str]:
-    """``{globalTid: name}`` from the export's ThreadNames, where it has them."""
+    """``{globalTid: name}`` from the export's ThreadNames, where it has them; a thread that was renamed (the app's
+    producer names itself once it runs) gets its names joined by ``/``."""
     if "ThreadNames" not in _tables(db):
         return {}
-    rows = db.execute("SELECT t.globalTid, s.value FROM ThreadNames t JOIN StringIds s ON t.nameId = s.id")
-    return dict(rows)
+    names: dict[int, list[str]] = defaultdict(list)
+    rows = db.execute(
+        "SELECT t.globalTid, s.value FROM ThreadNames t JOIN StringIds s ON t.nameId = s.id ORDER BY t.rowid"
+    )
+    for tid, name in rows:  # in the order nsys wrote them
+        if name not in names[tid]:
+            names[tid].append(name)
+    return {tid: "/".join(each) for tid, each in names.items()}
 
 
 def span(db: sqlite3.Connection, tables: set[str]) -> tuple[int, int]:
     """The first start and the last end (ns) of any API call, kernel or copy in the report."""
     starts, ends = [], []
-    for table in ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY"):
+    for table in ("CUPTI_ACTIVITY_KIND_RUNTIME", *WORK):
         if table in tables:
             first, last = db.execute(f"SELECT MIN(start), MAX(end) FROM {table}").fetchone()
             if first is not None:
@@ -64,17 +75,20 @@ def api_by_thread(db: sqlite3.Connection) -> dict[int, dict[str, list]]:
     return out
 
 
-def stream_work(db: sqlite3.Connection, tables: set[str]) -> tuple[dict[int, list], list[tuple[int, int]]]:
-    """``({streamId: [kernels, kernel ns, copies, copy ns]}, every interval)``."""
-    streams: dict[int, list] = defaultdict(lambda: [0, 0, 0, 0])
-    intervals: list[tuple[int, int]] = []
-    for table, column in (("CUPTI_ACTIVITY_KIND_KERNEL", 0), ("CUPTI_ACTIVITY_KIND_MEMCPY", 2)):
+def stream_work(
+    db: sqlite3.Connection, tables: set[str]
+) -> tuple[dict[tuple[int, int], list], dict[int, list[tuple[int, int]]]]:
+    """``({(deviceId, streamId): [kernels, kernel ns, copies, copy ns, memsets, memset ns]}, {deviceId: every
+    interval})``: stream numbers repeat across devices, so a report of several GPUs keeps them apart."""
+    streams: dict[tuple[int, int], list] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+    intervals: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for column, table in enumerate(WORK):
         if table not in tables:
             continue
-        for stream, start, end in db.execute(f"SELECT streamId, start, end FROM {table}"):
-            streams[stream][column] += 1
-            streams[stream][column + 1] += end - start
-            intervals.append((start, end))
+        for device, stream, start, end in db.execute(f"SELECT deviceId, streamId, start, end FROM {table}"):
+            streams[device, stream][2 * column] += 1
+            streams[device, stream][2 * column + 1] += end - start
+            intervals[device].append((start, end))
     return streams, intervals
 
 
@@ -117,15 +131,16 @@ def report(db: sqlite3.Connection, top: int = 6) -> list[str]:
     streams, intervals = stream_work(db, tables)
     lines += [
         "",
-        "| stream | kernels | kernel ms | copies | copy ms | busy share of span |",
-        "|---|---|---|---|---|---|",
+        "| device | stream | kernels | kernel ms | copies | copy ms | memsets | memset ms | busy share of span |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for stream, (kernels, kernel_ns, copies, copy_ns) in sorted(streams.items(), key=lambda kv: -(kv[1][1] + kv[1][3])):
-        lines.append(
-            f"| {stream} | {kernels} | {kernel_ns / NS_PER_MS:.2f} | {copies} | {copy_ns / NS_PER_MS:.2f} | "
-            f"{(kernel_ns + copy_ns) / length:.1%} |"
-        )
-    lines += ["", f"device busy (any kernel or copy running): {union_ns(intervals) / length:.1%} of the span"]
+    for (device, stream), work in sorted(streams.items(), key=lambda kv: (kv[0][0], -sum(kv[1][1::2]))):
+        counts = " | ".join(f"{work[k]} | {work[k + 1] / NS_PER_MS:.2f}" for k in (0, 2, 4))
+        lines.append(f"| {device} | {stream} | {counts} | {sum(work[1::2]) / length:.1%} |")
+    lines.append("")
+    for device, spans in sorted(intervals.items()):
+        busy = union_ns(spans) / length
+        lines.append(f"device {device} busy (any kernel, copy or memset running): {busy:.1%} of the span")
     return lines
 
 
@@ -139,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.top < 1:
         p.error(f"--top must be at least 1, got {a.top}")
     try:
-        with sqlite3.connect(f"file:{a.sqlite}?mode=ro", uri=True) as db:
+        with contextlib.closing(sqlite3.connect(a.sqlite.resolve().as_uri() + "?mode=ro", uri=True)) as db:
             print("\n".join(report(db, a.top)))
     except (ValueError, sqlite3.DatabaseError) as error:
         print(f"{a.sqlite}: {error}", file=sys.stderr)

@@ -158,8 +158,11 @@ def test_gil_summary_rows_and_a_bad_interval(bench_script) -> None:
     producer_timing = bench_script("producer_timing")
     late = [0.0001] * 8 + [0.004, 0.006]  # seconds
     lines = producer_timing.gil_summary(late, [], 0.001)
-    assert lines[3] == "| before the script (GIL free) | 0 | | | | |"
-    assert lines[4] == "| during the script | 10 | 0.100 | 1.080 | 6.000 | 20.0% |"
+    assert (
+        lines[3]
+        == "| before the script (GIL free) | 0 | (no wake-up: the script ended before the probe started?) | | | |"
+    )
+    assert lines[4] == "| during the script | 10 | 0.100 | 1.080 | 4.000 | 20.0% |"  # p90: the 9th of 10
     assert producer_timing.gil_summary(late, [], 0.001, after=15.0)[4].startswith(
         "| during the script, from 15 s | 10 |"
     )
@@ -168,6 +171,10 @@ def test_gil_summary_rows_and_a_bad_interval(bench_script) -> None:
             producer_timing.GilProbe(interval)
     with pytest.raises(ValueError, match="GilProbe start delay must be a number of seconds >= 0, got -1"):
         producer_timing.GilProbe(after=-1.0)
+    probe = producer_timing.GilProbe().start()
+    with pytest.raises(RuntimeError, match="this GilProbe has started already"):
+        probe.start()
+    assert isinstance(probe.stop(), list)
 
 
 def test_gil_probe_after_skips_the_start(tmp_path) -> None:
@@ -181,6 +188,38 @@ def test_gil_probe_after_skips_the_start(tmp_path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     wakeups, median, mean, _, later = gil_row(result.stdout, "during the script, from 1.1 s")
     assert int(wakeups) > 50 and float(median) < 5.0 and float(mean) < 5.0 and float(later.rstrip("%")) < 5.0
-    assert "--gil-probe-after needs --gil-probe" in run("--gil-probe-after", "1", "--", str(script)).stderr
+    for after in ("1", "0"):
+        assert "--gil-probe-after needs --gil-probe" in run("--gil-probe-after", after, "--", str(script)).stderr
     bad = run("--gil-probe", "--gil-probe-after", "-1", "--", str(script))
     assert bad.returncode == 2 and "--gil-probe-after must be a number of seconds >= 0, got -1" in bad.stderr
+
+
+def test_times_the_preallocated_binding_s_header_reads_and_its_c_call_apart(tmp_path) -> None:
+    script = tmp_path / "wrapped.py"
+    script.write_text(
+        "import nvjpeg_batched\n"
+        "print('INSPECT', hasattr(nvjpeg_batched.BatchedDecoder._inspect, '__wrapped__'))\n"
+        "print('C CALL', hasattr(nvjpeg_batched.library().nvjpegDecodeBatched, '__wrapped__'))\n"
+    )
+    result = run("--", str(script))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "INSPECT True\nC CALL True" in result.stdout
+
+
+def test_gil_probe_stops_when_the_script_returns(tmp_path) -> None:
+    script = tmp_path / "busy_at_exit.py"
+    # Idle for half a second, then an exit handler runs Python for a second: the interpreter's shutdown, which the
+    # probe must leave out (at exit it would add some 50 wake-ups 20 ms late to about 450 on time).
+    script.write_text(
+        "import atexit, time\n"
+        "def busy():\n"
+        "    end = time.perf_counter() + 1.0\n"
+        "    while time.perf_counter() < end:\n"
+        "        pass\n"
+        "atexit.register(busy)\n"
+        "time.sleep(0.5)\n"
+    )
+    result = run("--gil-probe", "--switch-ms", "20", "--", str(script))
+    assert result.returncode == 0, result.stderr[-3000:]
+    wakeups, _, _, _, later = gil_row(result.stdout, "during the script")
+    assert int(wakeups) > 50 and float(later.rstrip("%")) < 5.0
