@@ -4,8 +4,9 @@ The prefetcher's GPU decode path (``data.decode: gpu``) spends most of a batch's
 and in the launches of the crop stage; nvJPEG's call (through ctypes) and each PyTorch op release the GIL, so several
 threads overlap there. With ``data.decode_threads`` the prefetcher decodes on that many threads. Measured on an H200
 (bench/RESULTS.md, seventeenth session): two threads, each with its own nvJPEG decoder, decoded 1.67 times as many
-JPEGs as one while the GPU trained (``bench/nvjpeg_under_load.py``); in training, eager ResNet-18 ran 1.075-1.079
-times as fast with two threads (three: 0.99), and compiled ResNet-50 gained nothing (0.99-1.01): there the decode
+JPEGs as one while the GPU trained (``bench/nvjpeg_under_load.py``); in training, eager ResNet-18 with every JPEG on
+the GPU ran 1.02-1.26 times as fast with two threads (1.14 on average over four pairs, eighteenth session; three
+threads: 0.99), with the split at 0.3 no faster, and compiled ResNet-50 gained nothing (0.99-1.01): there the decode
 path's GPU work, not its thread, is what is left.
 
 :func:`ordered_map` runs ``work`` on ``threads`` threads. Thread ``k`` takes items ``k``, ``k + threads``, ... from

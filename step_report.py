@@ -269,8 +269,9 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             # ResNet-50 on the original JPEGs ran at 0.748 of synthetic data with 8 queues and 0.957 with 32
             # (bench/RESULTS.md, sixteenth session). With 32, the producer thread's host work is what is left: the
             # workers can take a share of the files off it while they have cores to spare. A second decoding thread
-            # gave ResNet-18 1.075-1.079x and compiled ResNet-50 nothing (seventeenth session): named after the options
-            # that gained more.
+            # gave eager ResNet-18 1.02-1.26x with every JPEG on the GPU (four pairs), nothing with the split, and
+            # compiled ResNet-50 nothing (seventeenth and eighteenth sessions): named after the options that gained
+            # more.
             if connections is not None and connections < cuda_env.CONNECTIONS:
                 advice = (
                     f"nvJPEG's calls wait behind the training step in CUDA's hardware queues "
