@@ -317,11 +317,11 @@ class ImageNetDataModule(pl.LightningDataModule):
             each with its own side stream (and, with ``nvjpeg: preallocated``, its own nvJPEG decoder); batches still
             come in the sampler's order. On an H200 with 32 hardware queues a second thread gave compiled ResNet-50
             nothing and eager ResNet-18 with every JPEG on the GPU 1.14 times the speed on average (four pairs; none
-            with the split at 0.3; README, "Feeding the GPU"). Each more thread costs
-            GPU memory: up to two more batches in flight (float32, about 154 MB each at 256 x 224 x 224), its decoded
-            images until their crops are read and, with ``nvjpeg: preallocated``, its own decoder's buffers (about 200
-            MB at batch 256); measured, 0.36-0.62 GiB more peak per thread. torchvision's binding has one decoder for
-            all threads and decodes one call at a time, so there only the crop stage overlaps.
+            with the split at 0.3; README, "Feeding the GPU"). Each more thread costs GPU memory: up to two more
+            batches in flight (float32, about 154 MB each at 256 x 224 x 224), its decoded images until their crops
+            are read and, with ``nvjpeg: preallocated``, its own decoder's buffers (about 200 MB at batch 256);
+            measured, 0.36-0.62 GiB more peak per thread. torchvision's binding has one decoder for all threads and
+            decodes one call at a time, so there only the crop stage overlaps.
         cpu_decoder: What decodes and crops the images the workers decode (all of them with ``decode: cpu``, the
             ``cpu_decode_share`` with ``decode: gpu``): ``torchvision`` (uint8 tensors: ``torchvision.io.decode_jpeg``,
             libjpeg-turbo as PIL, and torch's vectorized antialiased resize; the same boxes and flips, pixels within a
