@@ -39,8 +39,11 @@ def connections(environ: MutableMapping[str, str] | None = None) -> int:
         count = int(value)
     except ValueError:
         count = 0
-    if not 1 <= count <= 32:
-        raise ValueError(f"{MAX_CONNECTIONS}={value!r}: CUDA takes a whole number from 1 to 32 (the app asks for 32)")
+    if not 1 <= count <= CONNECTIONS:
+        raise ValueError(
+            f"{MAX_CONNECTIONS}={value!r}: CUDA takes a whole number from 1 to {CONNECTIONS} (the app asks for "
+            f"{CONNECTIONS})"
+        )
     return count
 
 

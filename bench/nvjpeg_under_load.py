@@ -66,9 +66,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     for flag in ("batch", "calls", "threads"):
         if getattr(a, flag) < 1:
             p.error(f"--{flag} must be at least 1, got {getattr(a, flag)}")
-    if not any((Path(a.data) / "train").glob("*/*")):
+    if not training_files(a.data):
         p.error(f"--data {a.data}: no files in {Path(a.data) / 'train'}/<class>/ (bench/make_jpeg_folder.py)")
     return a
+
+
+def training_files(data: str) -> list[Path]:
+    """The training images of the folder ``data``, as the app's dataset finds them (resize_dataset.image_files)."""
+    sys.path.insert(0, str(ROOT))
+    from resize_dataset import image_files
+
+    return [Path(data) / name for name in image_files(Path(data), ("train",))]
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -90,7 +98,7 @@ def child(a: argparse.Namespace) -> None:
     from nvjpeg_batched import BatchedDecoder
 
     device = torch.device("cuda", 0)
-    files = sorted(p for p in (Path(a.data) / "train").glob("*/*") if p.is_file())
+    files = training_files(a.data)
     taken = iter(range(10**9))
 
     def new_batches(count: int) -> list[list[torch.Tensor]]:  # new files every call, as in training
