@@ -413,7 +413,8 @@ class ImageNetClassifier(pl.LightningModule):
         self._interval_start, self._interval_step = now, step
 
     def _totals_over_ranks(self, sums: torch.Tensor, images: int) -> torch.Tensor:
-        """``sums`` followed by their image count, summed over every rank (a collective: call on all ranks)."""
+        """``sums`` followed by their image count, summed over every rank (a collective: call on all ranks, in batch
+        hooks only, see ``on_train_epoch_end``)."""
         totals = torch.cat((sums, sums.new_tensor([images])))
         if self.trainer.world_size > 1:
             totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
@@ -426,12 +427,17 @@ class ImageNetClassifier(pl.LightningModule):
 
     @override
     def on_train_epoch_end(self) -> None:
-        # Once per epoch, on every rank: the mean over every image of the epoch, all ranks together.
-        totals = self._totals_over_ranks(self._sums[3:], self._epoch_images)
-        mean = totals[0] / totals[1].clamp(min=1)
-        # Already the same on every rank; sync_dist (one more small all-reduce an epoch) keeps Lightning from warning
-        # that an epoch-level value is not synchronized.
-        self.log("train_loss_epoch", mean.float(), on_step=False, on_epoch=True, sync_dist=True)
+        # The mean over every image of the epoch, all ranks together: this rank's mean, weighted by its image count,
+        # which Lightning's sync_dist sums over the ranks with the weighted values (two small all-reduces an epoch,
+        # where Lightning reduces every epoch metric). No collective of the module's own here: under DDP the progress
+        # bar, on rank 0 only, reduces the callbacks' epoch metrics (train_bad_images) before this hook, so a
+        # collective here met another one on the other ranks (a crash or a hang at the first epoch's end).
+        images = self._epoch_images
+        mean = self._sums[3] / max(images, 1)
+        # max(images, 1): an epoch without images logs 0 (every rank has as many images under the DDP sampler).
+        self.log(
+            "train_loss_epoch", mean.float(), on_step=False, on_epoch=True, sync_dist=True, batch_size=max(images, 1)
+        )
 
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], prefix: str) -> None:
         images, targets = batch

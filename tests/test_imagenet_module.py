@@ -549,7 +549,10 @@ def test_logged_interval_and_epoch_metrics_are_means_over_their_images() -> None
     model.model = RecordingLinear(3 * 2 * 2, classes)  # lr 2.0: the logits move from step to step
     logged: list[tuple[object, dict]] = []
     model.log_dict = lambda metrics, **_: logged.append((model.global_step, dict(metrics)))
-    model.log = lambda name, value, **_: logged.append((name, {name: float(value)}))
+    epoch_options: list[dict] = []
+    model.log = lambda name, value, **options: (
+        logged.append((name, {name: float(value)})) or epoch_options.append(options)
+    )
     trainer = pl.Trainer(
         accelerator="cpu",
         max_epochs=2,
@@ -583,3 +586,5 @@ def test_logged_interval_and_epoch_metrics_are_means_over_their_images() -> None
         assert got == pytest.approx(want, rel=1e-6)
     epochs = [m["train_loss_epoch"] for name, m in logged if name == "train_loss_epoch"]
     assert epochs == pytest.approx([means(range(0, 4))["train_loss"], means(range(4, 8))["train_loss"]], rel=1e-6)
+    # Under DDP, Lightning sums each rank's mean times this weight and the weights: the mean over every rank's images.
+    assert [(o["sync_dist"], o["batch_size"]) for o in epoch_options] == [(True, batches * batch)] * 2
