@@ -396,7 +396,8 @@ class ProfilerWindow(Callback):
         rank_zero_info(f"profile: window opens at step {window[0]} for {window[1] - window[0]} steps")
         if self.report:  # every rank: the report covers all of them, whichever ranks capture the window
             self.timer.start(trainer, window)
-        if trainer.global_rank == 0 and not self.torch_profiler and not os.environ.get("CUDA_INJECTION64_PATH"):
+        uncaptured = not self.torch_profiler and not os.environ.get("CUDA_INJECTION64_PATH")
+        if trainer.global_rank == 0 and uncaptured and self._cuda:
             self._warn_once(
                 "uncaptured",
                 "profile: no Nsight tool is attached to this process (CUDA_INJECTION64_PATH is unset) and "
@@ -407,15 +408,31 @@ class ProfilerWindow(Callback):
             return
         if self._cuda:
             self._check(torch.cuda.cudart().cudaProfilerStart(), "cudaProfilerStart")
-        else:
+        else:  # one warning on CPU: the Nsight advice above is for CUDA runs
             self._warn_once(
                 "cpu",
                 f"profile: the run is on {trainer.strategy.root_device.type}, not CUDA: cudaProfilerStart/Stop are "
-                "skipped; NVTX ranges and the Kineto trace still work",
+                "skipped (nsys --capture-range=cudaProfilerApi and ncu capture nothing); the NVTX ranges (a plain "
+                "`nsys profile`) and the Kineto trace (profile.torch_profiler) still work"
+                + (f"; nothing records this window now{self._besides_report}" if uncaptured else ""),
             )
         if self.emit_nvtx:
-            self._emit = torch.autograd.profiler.emit_nvtx(record_shapes=self.record_shapes)
-            self._emit.__enter__()
+            emit = torch.autograd.profiler.emit_nvtx(record_shapes=self.record_shapes)
+            try:
+                emit.__enter__()
+            except RuntimeError as error:
+                if self._cuda:
+                    raise
+                # torch's NVTX mode starts with a CUDA synchronize: on a machine without a CUDA driver it raises.
+                # The app's own ranges are the nvtx package's and need no GPU; the window goes on with them.
+                self._warn_once(
+                    "emit_nvtx",
+                    f"profile.emit_nvtx: torch's per-op NVTX ranges do not start on this "
+                    f"{trainer.strategy.root_device.type} run ({error}); the window goes on without them (the step "
+                    "and phase ranges are unchanged)",
+                )
+            else:
+                self._emit = emit
         if self.torch_profiler:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if self._cuda:

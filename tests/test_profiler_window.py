@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -187,6 +189,19 @@ def test_emit_nvtx_is_entered_and_exited_only_around_the_window(tmp_path, record
     assert calls[0][3] is True
 
 
+def test_the_real_emit_nvtx_on_a_cpu_run_never_stops_the_training(tmp_path, recorder):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = fit(
+            tmp_path, ProfilerWindow(start_step=2, num_steps=2, emit_nvtx=True, exit_after=False), max_steps=6
+        )
+    assert trainer.global_step == 6
+    assert [n for k, n in recorder.events if k == "push" and n.startswith("step")] == [f"step {i}" for i in range(6)]
+    said = [str(w.message) for w in caught if "profile.emit_nvtx" in str(w.message)]
+    if not torch.cuda.is_available():  # no driver: torch's NVTX mode does not start, and that is said once
+        assert len(said) == 1 and "the window goes on without them" in said[0]
+
+
 def test_several_windows_without_exit(tmp_path, recorder):
     window = ProfilerWindow(start_step=[1, 4], num_steps=1, exit_after=False, torch_profiler=True)
     trainer = fit(tmp_path, window, max_steps=6)
@@ -216,9 +231,32 @@ def test_window_after_the_last_step_warns(tmp_path, recorder):
 def test_nothing_captures_the_window_is_said_once(tmp_path, recorder):
     with pytest.warns(UserWarning) as record:
         fit(tmp_path, ProfilerWindow(start_step=[1, 3], num_steps=1), max_steps=10)
-    uncaptured = [w for w in record if "nothing records this window" in str(w.message)]
-    assert len(uncaptured) == 1
-    assert "but the step report (profile.report)" in str(uncaptured[0].message)
+    said = [str(w.message) for w in record if str(w.message).startswith("profile:")]
+    # On a CPU run one warning says it all; the advice to launch under nsys's cudaProfilerApi range is for CUDA runs.
+    assert len(said) == 1 and "the run is on cpu, not CUDA" in said[0]
+    assert "nothing records this window now but the step report (profile.report)" in said[0]
+    assert "launch under" not in said[0]
+
+
+def test_a_cuda_run_that_nothing_captures_is_told_how_to_launch(tmp_path, recorder, monkeypatch):
+    class OnCuda(ProfilerWindow):  # the CUDA branch of the window, its CUDA calls stood in for
+        def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            super().setup(trainer, pl_module, stage)
+            self._cuda = True
+
+    profiler_calls = []
+    cudart = SimpleNamespace(
+        cudaProfilerStart=lambda: profiler_calls.append("start") or 0,
+        cudaProfilerStop=lambda: profiler_calls.append("stop") or 0,
+    )
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *_: None)
+    monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
+    with pytest.warns(UserWarning) as record:
+        fit(tmp_path, OnCuda(start_step=[1, 3], num_steps=1), max_steps=10)
+    said = [str(w.message) for w in record if str(w.message).startswith("profile:")]
+    assert len(said) == 1 and "launch under `nsys profile --capture-range=cudaProfilerApi" in said[0]
+    assert profiler_calls == ["start", "stop"] * 2
 
 
 def test_exception_inside_the_window_closes_everything(tmp_path, recorder, monkeypatch):
