@@ -14,6 +14,8 @@ Every option lives in the config and can be overridden on the command line (``--
 from __future__ import annotations
 
 import sys
+import zipfile
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +35,20 @@ from checkpoint_io import AtomicCheckpointIO
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
 
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
+SUBCOMMANDS = ("fit", "validate", "test")
+
+#: The first part of every configuration key: a ValueError that starts with one (``data.batch_size must be >= 1``) is
+#: a check of the configuration, said as the parser says its own errors.
+CONFIG_SECTIONS = ("data.", "model.", "trainer.", "profile.", "checkpoint.", "last_checkpoint.", "preemption.")
 
 
 class ImageNetCLI(LightningCLI):
     """LightningCLI with the links this application needs and its always-available callbacks."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        # No predict: the data module has no prediction split, so the subcommand could only fail.
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name in SUBCOMMANDS}
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 (LightningArgumentParser)
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
@@ -76,7 +87,19 @@ class ImageNetCLI(LightningCLI):
         # be replaced without a word, so say it instead (before anything is built).
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path == "last":
+            self.parser.error(self._no_last_checkpoint())
+        if ckpt_path and ckpt_path not in ("best", "hpc", "registry") and not Path(ckpt_path).is_file():
+            what = "is a folder" if Path(ckpt_path).is_dir() else "does not exist"
+            self.parser.error(
+                f"--ckpt_path {ckpt_path} {what}; pass a checkpoint file (e.g. .../checkpoints/last.ckpt)"
+            )
         if ckpt_path and Path(ckpt_path).is_file():
+            if not zipfile.is_zipfile(ckpt_path):
+                self.parser.error(
+                    f"--ckpt_path {ckpt_path} is not a checkpoint (a checkpoint is a torch.save zip archive, "
+                    "e.g. .../checkpoints/last.ckpt)"
+                )
             saved = torch.load(ckpt_path, weights_only=True, map_location="cpu", mmap=True).get("hyper_parameters", {})
             asked = self.config[subcommand].model.arch
             if saved.get("arch", asked) != asked:
@@ -86,10 +109,28 @@ class ImageNetCLI(LightningCLI):
                 )
         super()._parse_ckpt_path()
 
+    def _no_last_checkpoint(self) -> str:
+        """Why ``--ckpt_path last`` finds nothing here, and the newest last.ckpt of this run's name, if any."""
+        config = self.config[self.config["subcommand"]]
+        logger = config.trainer.get("logger")
+        init = logger.get("init_args", {}) if isinstance(logger, dict) or hasattr(logger, "get") else {}
+        root = Path(str(init.get("save_dir", "runs"))) / str(init.get("name", "lightning_logs"))
+        found = sorted(root.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        newest = f"; the newest here: --ckpt_path {found[-1]}" if found else f" (none under {root})"
+        return (
+            "--ckpt_path last: every run writes into a version folder of its own, so Lightning's 'last' finds no "
+            f"checkpoint of an earlier run; pass the file{newest}"
+        )
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         precision = str(config.trainer.precision)
         accelerator = str(config.trainer.accelerator)
+        if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            self.parser.error(
+                f"trainer.accelerator {accelerator} needs a CUDA GPU and this machine shows none "
+                "(torch.cuda.is_available() is False); pass --trainer.accelerator cpu (or auto)"
+            )
         on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
         if on_cpu and precision in ("16-mixed", "16"):
             # Lightning would warn and silently train in bf16 instead: a different run than the one asked for.
@@ -97,6 +138,16 @@ class ImageNetCLI(LightningCLI):
                 f"trainer.precision {precision} (fp16 autocast) needs a CUDA GPU and this run is on the CPU; "
                 "valid here: bf16-mixed, 32-true"
             )
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as error:
+            # The classes check their arguments, each message naming its key and what is valid: say it as the parser
+            # says its own errors (exit 2), not at the end of a traceback through jsonargparse. Anything else raises.
+            if not str(error).startswith(CONFIG_SECTIONS):
+                raise
+            self.parser.error(str(error))
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         trainer = super().instantiate_trainer(**kwargs)
@@ -108,8 +159,9 @@ class ImageNetCLI(LightningCLI):
 
 
 def with_default_subcommand(argv: list[str]) -> list[str]:
-    """Prepends ``fit`` unless the first argument is a subcommand or a top-level help/version flag."""
-    if argv and (argv[0] in SUBCOMMANDS or argv[0] in ("-h", "--help", "--version")):
+    """Prepends ``fit`` unless the first argument is a word (a subcommand, or one the parser then refuses by name) or a
+    top-level help/version flag."""
+    if argv and (not argv[0].startswith("-") or argv[0] in ("-h", "--help", "--version")):
         return argv
     return ["fit", *argv]
 
@@ -135,8 +187,18 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
 
 
 #: The CLI's settings beside its arguments (also for code that builds the CLI with ``run=False``, as the benchmarks do).
+def version() -> str:
+    """This application's version and the versions it runs on (``train.py --version``)."""
+    try:
+        own = metadata.version("imagenet-prof")
+    except metadata.PackageNotFoundError:
+        own = "(not installed)"
+    return f"{own} (torch {torch.__version__}, pytorch_lightning {pl.__version__})"
+
+
 CLI_SETTINGS: dict[str, Any] = {
     "seed_everything_default": 0,
+    "parser_kwargs": {"version": version()},
     # Reruns in the same run folder and DDP relaunches would otherwise abort on the config saved before.
     "save_config_kwargs": {"overwrite": True},
     "trainer_defaults": {
