@@ -24,6 +24,7 @@ import torch
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.plugins.io import TorchCheckpointIO
+from pytorch_lightning.utilities import rank_zero_warn
 
 import apex_compat
 import cuda_env
@@ -89,6 +90,11 @@ class ImageNetCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path == "last":
             self.parser.error(self._no_last_checkpoint())
+        if subcommand in ("validate", "test") and not ckpt_path and not self.config[subcommand].model.get("weights"):
+            rank_zero_warn(
+                f"{subcommand} without --ckpt_path (or model.weights) evaluates a randomly initialized model; "
+                "pass --ckpt_path .../checkpoints/last.ckpt to evaluate a trained one"
+            )
         if ckpt_path and ckpt_path not in ("best", "hpc", "registry") and not Path(ckpt_path).is_file():
             what = "is a folder" if Path(ckpt_path).is_dir() else "does not exist"
             self.parser.error(

@@ -217,7 +217,8 @@ def test_validate_and_test_a_checkpoint(trained: dict, shapes_root: Path, tmp_pa
 def test_validate_without_checkpoint_is_chance(trained: dict, tmp_path: Path, main) -> None:
     # Counterpart of the test above: an untrained net is far from the trained checkpoint.
     args = [*trained["args"], "--trainer.default_root_dir", str(tmp_path)]
-    cli = main(["validate", *args, "--trainer.logger.init_args.save_dir", str(tmp_path)])
+    with pytest.warns(UserWarning, match="validate without --ckpt_path .* evaluates a randomly initialized model"):
+        cli = main(["validate", *args, "--trainer.logger.init_args.save_dir", str(tmp_path)])
     assert float(cli.trainer.callback_metrics["val_acc1"]) < 0.3
 
 
