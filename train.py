@@ -38,8 +38,8 @@ from imagenet_module import ImageNetClassifier
 
 SUBCOMMANDS = ("fit", "validate", "test")
 
-#: The first part of every configuration key: a ValueError that starts with one (``data.batch_size must be >= 1``) is
-#: a check of the configuration, said as the parser says its own errors.
+#: The first part of every configuration key: a ValueError or FileNotFoundError that starts with one
+#: (``data.batch_size must be >= 1``) is a check of the configuration, said as the parser says its own errors.
 CONFIG_SECTIONS = ("data.", "model.", "trainer.", "profile.", "checkpoint.", "last_checkpoint.", "preemption.")
 
 
@@ -148,9 +148,10 @@ class ImageNetCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
-        except ValueError as error:
-            # The classes check their arguments, each message naming its key and what is valid: say it as the parser
-            # says its own errors (exit 2), not at the end of a traceback through jsonargparse. Anything else raises.
+        except (ValueError, FileNotFoundError) as error:
+            # The classes check their arguments (data.root's layout included), each message naming its key and what is
+            # valid: say it as the parser says its own errors (exit 2), not at the end of a traceback through
+            # jsonargparse. Anything else raises.
             if not str(error).startswith(CONFIG_SECTIONS):
                 raise
             self.parser.error(str(error))
