@@ -95,7 +95,10 @@ class ImageNetCLI(LightningCLI):
                 f"{subcommand} without --ckpt_path (or model.weights) evaluates a randomly initialized model; "
                 "pass --ckpt_path .../checkpoints/last.ckpt to evaluate a trained one"
             )
-        if ckpt_path and ckpt_path not in ("best", "hpc", "registry") and not Path(ckpt_path).is_file():
+        # Lightning's own names and remote paths (s3://...) are Lightning's to resolve.
+        local = ckpt_path and ckpt_path not in ("best", "hpc") and not ckpt_path.startswith("registry")
+        local = local and "://" not in ckpt_path
+        if local and not Path(ckpt_path).is_file():
             what = "is a folder" if Path(ckpt_path).is_dir() else "does not exist"
             self.parser.error(
                 f"--ckpt_path {ckpt_path} {what}; pass a checkpoint file (e.g. .../checkpoints/last.ckpt)"

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 import yaml
 from core_probes import LRLog
@@ -537,6 +538,14 @@ def test_checkpoint_paths_that_cannot_be_loaded_are_refused_naming_why(trained: 
     said = refused(main, capsys, ["fit", *args, "--ckpt_path", "last"])
     assert "--ckpt_path last: every run writes into a version folder of its own" in said
     assert said.endswith(f"the newest here: --ckpt_path {trained['last']}")
+
+
+def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(trained: dict, main, monkeypatch):
+    asked = []
+    monkeypatch.setattr(pl.Trainer, "validate", lambda self, *args, ckpt_path=None, **kwargs: asked.append(ckpt_path))
+    for path in ["s3://bucket/run/last.ckpt", "best", "hpc", "registry:version:v1"]:
+        main(["validate", *trained["args"], "--ckpt_path", path])
+    assert asked == ["s3://bucket/run/last.ckpt", "best", "hpc", "registry:version:v1"]
 
 
 def test_a_gpu_accelerator_without_a_gpu_is_refused_naming_the_fix(
