@@ -428,10 +428,12 @@ class ImageNetClassifier(pl.LightningModule):
     @override
     def on_train_epoch_end(self) -> None:
         # The mean over every image of the epoch, all ranks together: this rank's mean, weighted by its image count,
-        # which Lightning's sync_dist sums over the ranks with the weighted values (two small all-reduces an epoch,
-        # where Lightning reduces every epoch metric). No collective of the module's own here: under DDP the progress
-        # bar, on rank 0 only, reduces the callbacks' epoch metrics (train_bad_images) before this hook, so a
-        # collective here met another one on the other ranks (a crash or a hang at the first epoch's end).
+        # which Lightning's sync_dist sums over the ranks with the weighted values (two barriers and two small
+        # all-reduces an epoch, where Lightning reduces every epoch metric; exact while every rank has as many
+        # images, as the DDP sampler gives them, since the count is averaged as an integer under NCCL).
+        # No collective of the module's own here: under DDP the progress bar, on rank 0 only, reduces the callbacks'
+        # epoch metrics (train_bad_images) before this hook, so a collective here met another one on the other ranks
+        # (a crash or a hang at the first epoch's end).
         images = self._epoch_images
         mean = self._sums[3] / max(images, 1)
         # max(images, 1): an epoch without images logs 0 (every rank has as many images under the DDP sampler).

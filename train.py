@@ -36,6 +36,14 @@ from checkpoint_io import AtomicCheckpointIO
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
 
+try:  # Lightning's test for its model-registry checkpoint names ("registry", "registry:NAME:VERSION")
+    from pytorch_lightning.utilities.model_registry import _is_registry
+except ImportError:  # pragma: no cover
+
+    def _is_registry(path: object) -> bool:
+        return str(path).lower().startswith("registry")
+
+
 SUBCOMMANDS = ("fit", "validate", "test")
 
 #: The first part of every configuration key: a ValueError or FileNotFoundError that starts with one
@@ -88,17 +96,25 @@ class ImageNetCLI(LightningCLI):
         # be replaced without a word, so say it instead (before anything is built).
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path == "last":
+        if ckpt_path == "last" and self._checkpoints_in_a_new_folder():
             self.parser.error(self._no_last_checkpoint())
+        if ckpt_path == "best":
+            self.parser.error(
+                "--ckpt_path best names the best checkpoint of a fit in this same process, and this process has not "
+                "trained; pass the file (e.g. .../checkpoints/best-epoch....ckpt)"
+            )
         if subcommand in ("validate", "test") and not ckpt_path and not self.config[subcommand].model.get("weights"):
             rank_zero_warn(
                 f"{subcommand} without --ckpt_path (or model.weights) evaluates a randomly initialized model; "
                 "pass --ckpt_path .../checkpoints/last.ckpt to evaluate a trained one"
             )
-        # Lightning's own names and remote paths (s3://...) are Lightning's to resolve.
-        local = ckpt_path and ckpt_path not in ("best", "hpc") and not ckpt_path.startswith("registry")
-        local = local and "://" not in ckpt_path
-        if local and not Path(ckpt_path).is_file():
+        # Lightning's own names and remote paths (s3://...) are Lightning's to resolve, and a sharded checkpoint is a
+        # folder of the strategies that write one.
+        sharded = any(name in str(self.config[subcommand].trainer.strategy).lower() for name in ("fsdp", "deepspeed"))
+        local = (
+            ckpt_path and ckpt_path not in ("last", "hpc") and not _is_registry(ckpt_path) and "://" not in ckpt_path
+        )
+        if local and not Path(ckpt_path).is_file() and not (sharded and Path(ckpt_path).is_dir()):
             what = "is a folder" if Path(ckpt_path).is_dir() else "does not exist"
             self.parser.error(
                 f"--ckpt_path {ckpt_path} {what}; pass a checkpoint file (e.g. .../checkpoints/last.ckpt)"
@@ -118,24 +134,35 @@ class ImageNetCLI(LightningCLI):
                 )
         super()._parse_ckpt_path()
 
+    def _logger_args(self) -> Any:
+        logger = self.config[self.config["subcommand"]].trainer.get("logger")
+        return logger.get("init_args", {}) if hasattr(logger, "get") else {}
+
+    def _checkpoints_in_a_new_folder(self) -> bool:
+        """Whether this run's checkpoints go to a folder of its own (the logger's next version_N), where Lightning's
+        ``--ckpt_path last`` can find nothing: no fixed logger version and no checkpoint dirpath."""
+        config = self.config[self.config["subcommand"]]
+        fixed = config.get("last_checkpoint", {}).get("dirpath") or config.get("checkpoint", {}).get("dirpath")
+        return not fixed and self._logger_args().get("version") is None
+
     def _no_last_checkpoint(self) -> str:
         """Why ``--ckpt_path last`` finds nothing here, and the newest last.ckpt of this run's name, if any."""
-        config = self.config[self.config["subcommand"]]
-        logger = config.trainer.get("logger")
-        init = logger.get("init_args", {}) if isinstance(logger, dict) or hasattr(logger, "get") else {}
+        init = self._logger_args()
         root = Path(str(init.get("save_dir", "runs"))) / str(init.get("name", "lightning_logs"))
         found = sorted(root.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
         newest = f"; the newest here: --ckpt_path {found[-1]}" if found else f" (none under {root})"
         return (
-            "--ckpt_path last: every run writes into a version folder of its own, so Lightning's 'last' finds no "
-            f"checkpoint of an earlier run; pass the file{newest}"
+            "--ckpt_path last: this run writes into a new version folder of its own, so Lightning's 'last' would "
+            f"find no checkpoint and start from scratch; pass the file{newest}, or fix the folder for requeued jobs "
+            "(--trainer.logger.init_args.version NAME, then --ckpt_path last resumes from it)"
         )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         precision = str(config.trainer.precision)
         accelerator = str(config.trainer.accelerator)
-        if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        mps = accelerator == "gpu" and torch.backends.mps.is_available()  # Lightning's "gpu" is also Apple's
+        if accelerator in ("gpu", "cuda") and not torch.cuda.is_available() and not mps:
             self.parser.error(
                 f"trainer.accelerator {accelerator} needs a CUDA GPU and this machine shows none "
                 "(torch.cuda.is_available() is False); pass --trainer.accelerator cpu (or auto)"
@@ -169,8 +196,8 @@ class ImageNetCLI(LightningCLI):
 
 
 def with_default_subcommand(argv: list[str]) -> list[str]:
-    """Prepends ``fit`` unless the first argument is a word (a subcommand, or one the parser then refuses by name) or a
-    top-level help/version flag."""
+    """Prepends ``fit`` unless the first argument is a word (a subcommand, or ``predict``, which the parser then
+    refuses by name; main() has taken any other word for main_amp.py's data folder) or a top-level help/version flag."""
     if argv and (not argv[0].startswith("-") or argv[0] in ("-h", "--help", "--version")):
         return argv
     return ["fit", *argv]

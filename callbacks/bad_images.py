@@ -44,7 +44,9 @@ class BadImageCount(Callback):
         counters = _counters(trainer.train_dataloader)
         if counters:
             # The loader is exhausted by now, so the count is the epoch's. Every rank has a counter (one datamodule
-            # configuration), so every rank takes part in the one reduction.
+            # configuration), so every rank takes part in the one reduction. It is lazy: rank 0's progress bar runs it
+            # in its own on_train_epoch_end, the other ranks where Lightning next reads the metrics, so no
+            # on_train_epoch_end hook after this one may run a collective of its own (imagenet_module.py).
             pl_module.log(
                 "train_bad_images", _sum(counters), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True
             )

@@ -87,6 +87,11 @@ class _FetchObserver(Profiler):
         return self.inner.summary()
 
 
+def _torch_nvtx_available() -> bool:
+    """Whether ``torch.autograd.profiler.emit_nvtx`` can start here: it synchronizes CUDA first."""
+    return torch.cuda.is_available()
+
+
 class ProfilerWindow(Callback):
     """Opens a CUDA profiler window over chosen optimizer steps and marks every step with NVTX ranges.
 
@@ -416,23 +421,17 @@ class ProfilerWindow(Callback):
                 "`nsys profile`) and the Kineto trace (profile.torch_profiler) still work"
                 + (f"; nothing records this window now{self._besides_report}" if uncaptured else ""),
             )
-        if self.emit_nvtx:
-            emit = torch.autograd.profiler.emit_nvtx(record_shapes=self.record_shapes)
-            try:
-                emit.__enter__()
-            except RuntimeError as error:
-                if self._cuda:
-                    raise
-                # torch's NVTX mode starts with a CUDA synchronize: on a machine without a CUDA driver it raises.
-                # The app's own ranges are the nvtx package's and need no GPU; the window goes on with them.
-                self._warn_once(
-                    "emit_nvtx",
-                    f"profile.emit_nvtx: torch's per-op NVTX ranges do not start on this "
-                    f"{trainer.strategy.root_device.type} run ({error}); the window goes on without them (the step "
-                    "and phase ranges are unchanged)",
-                )
-            else:
-                self._emit = emit
+        if self.emit_nvtx and not self._cuda and not _torch_nvtx_available():
+            # torch's NVTX mode starts with a CUDA synchronize, which raises without a CUDA device (or a CUDA build).
+            # The app's own ranges are the nvtx package's and need no GPU; the window goes on with them.
+            self._warn_once(
+                "emit_nvtx",
+                "profile.emit_nvtx: torch's per-op NVTX ranges need CUDA, which this machine does not have; the window "
+                "goes on without them (the step and phase ranges are unchanged)",
+            )
+        elif self.emit_nvtx:
+            self._emit = torch.autograd.profiler.emit_nvtx(record_shapes=self.record_shapes)
+            self._emit.__enter__()
         if self.torch_profiler:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if self._cuda:

@@ -22,7 +22,8 @@ class SeenData(Callback):
 
     File ``<out_dir>/<stage>_rank<global rank>.json``: ``{"indices": [...], "targets": [...], "world_size": n,
     "epoch_indices": [[...], ...]}``, where ``indices`` are the sampler's indices of the last epoch (or validation
-    run), ``targets`` the targets of its batches in order and ``epoch_indices`` the indices of every epoch so far.
+    run), ``targets`` the targets of its batches in order and ``epoch_indices`` the indices of every epoch so far;
+    for training also ``losses``, ``[loss, images]`` of each batch of the epoch (the loss ``training_step`` returned).
     Rank 0 also writes the validation metrics to ``<out_dir>/val_metrics.json``.
     """
 
@@ -53,6 +54,12 @@ class SeenData(Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
         self._batch("train", batch)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self._seen["train"].setdefault("losses", []).append([float(loss), len(batch[1])])
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._write(trainer, "train")

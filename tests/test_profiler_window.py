@@ -15,6 +15,7 @@ import pytorch_lightning as pl
 import torch
 from profiling_helpers import ddp_synthetic_args, fit_with_window
 
+import callbacks.profiler_window
 import callbacks.ranges
 import shapes_dataset
 from callbacks import ProfilerWindow
@@ -182,6 +183,7 @@ def test_emit_nvtx_is_entered_and_exited_only_around_the_window(tmp_path, record
         return opened[-1] if opened else None
 
     monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", FakeEmit)
+    monkeypatch.setattr(callbacks.profiler_window, "_torch_nvtx_available", lambda: True)  # the fake needs no CUDA
     fit(tmp_path, ProfilerWindow(start_step=2, num_steps=3, emit_nvtx=True, record_shapes=True), max_steps=10)
     assert [c[0] for c in calls] == ["enter", "exit"]
     assert calls[0][1] == calls[1][1]  # the same object
@@ -198,8 +200,20 @@ def test_the_real_emit_nvtx_on_a_cpu_run_never_stops_the_training(tmp_path, reco
     assert trainer.global_step == 6
     assert [n for k, n in recorder.events if k == "push" and n.startswith("step")] == [f"step {i}" for i in range(6)]
     said = [str(w.message) for w in caught if "profile.emit_nvtx" in str(w.message)]
-    if not torch.cuda.is_available():  # no driver: torch's NVTX mode does not start, and that is said once
-        assert len(said) == 1 and "the window goes on without them" in said[0]
+    # Without CUDA torch's NVTX mode cannot start, and that is said once; with it (a CPU run on a GPU machine) it runs.
+    assert len(said) == (0 if torch.cuda.is_available() else 1)
+    assert all("the window goes on without them" in message for message in said)
+
+
+def test_emit_nvtx_is_left_out_without_cuda_also_on_a_cpu_only_build(tmp_path, recorder, monkeypatch):
+    entered = []
+    monkeypatch.setattr(callbacks.profiler_window, "_torch_nvtx_available", lambda: False)  # e.g. a CPU-only build
+    monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", lambda **_: entered.append(1))
+    with pytest.warns(UserWarning, match="torch's per-op NVTX ranges need CUDA"):
+        trainer = fit(
+            tmp_path, ProfilerWindow(start_step=1, num_steps=2, emit_nvtx=True, exit_after=False), max_steps=4
+        )
+    assert trainer.global_step == 4 and not entered
 
 
 def test_several_windows_without_exit(tmp_path, recorder):
@@ -278,6 +292,7 @@ def test_exception_inside_the_window_closes_everything(tmp_path, recorder, monke
                 raise RuntimeError("boom inside the window")
 
     monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", FakeEmit)
+    monkeypatch.setattr(callbacks.profiler_window, "_torch_nvtx_available", lambda: True)
     window = ProfilerWindow(start_step=2, num_steps=4, emit_nvtx=True)
     with pytest.raises(RuntimeError, match="boom"):
         fit(tmp_path, window, max_steps=10, extra=[Boom()])

@@ -410,6 +410,13 @@ def test_ddp_two_cpu_processes(trained: dict, shapes_root: Path, tmp_path: Path,
         32,
     ]
     assert list((tmp_path / "run" / "logs").rglob("last.ckpt"))
+    # train_loss_epoch: the mean over both ranks' images (each rank's mean weighted by its images, Lightning's sync).
+    losses = [
+        pair for r in (0, 1) for pair in json.loads((tmp_path / "fit" / f"train_rank{r}.json").read_text())["losses"]
+    ]
+    (metrics,) = (tmp_path / "run" / "logs").rglob("metrics.csv")
+    logged = [float(row["train_loss_epoch"]) for row in csv.DictReader(metrics.open()) if row.get("train_loss_epoch")]
+    assert logged == pytest.approx([sum(loss * n for loss, n in losses) / sum(n for _, n in losses)], rel=1e-5)
 
     # One fixed checkpoint, validated by two processes and by one: the val shards do not pad, so the metrics agree.
     out = tmp_path / "validate"
@@ -536,16 +543,22 @@ def test_checkpoint_paths_that_cannot_be_loaded_are_refused_naming_why(trained: 
         assert f"--ckpt_path {path} {why}" in refused(main, capsys, ["validate", *args, "--ckpt_path", str(path)])
     # 'last': Lightning looks in this run's own new version folder; the newest last.ckpt of the run's name is named.
     said = refused(main, capsys, ["fit", *args, "--ckpt_path", "last"])
-    assert "--ckpt_path last: every run writes into a version folder of its own" in said
-    assert said.endswith(f"the newest here: --ckpt_path {trained['last']}")
+    assert "--ckpt_path last: this run writes into a new version folder of its own" in said
+    assert f"the newest here: --ckpt_path {trained['last']}, or fix the folder" in said
 
 
-def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(trained: dict, main, monkeypatch):
+def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(trained: dict, main, monkeypatch, capsys):
     asked = []
-    monkeypatch.setattr(pl.Trainer, "validate", lambda self, *args, ckpt_path=None, **kwargs: asked.append(ckpt_path))
-    for path in ["s3://bucket/run/last.ckpt", "best", "hpc", "registry:version:v1"]:
+    record = lambda self, *args, ckpt_path=None, **kwargs: asked.append(ckpt_path)  # noqa: E731
+    monkeypatch.setattr(pl.Trainer, "validate", record)
+    monkeypatch.setattr(pl.Trainer, "fit", record)
+    for path in ["s3://bucket/run/last.ckpt", "hpc", "registry:my-model:v1", "Registry"]:
         main(["validate", *trained["args"], "--ckpt_path", path])
-    assert asked == ["s3://bucket/run/last.ckpt", "best", "hpc", "registry:version:v1"]
+    # 'last' where the folder is fixed (a requeued job's usual resume): Lightning finds it there.
+    main(["fit", *trained["args"], "--trainer.logger.init_args.version", "fixed", "--ckpt_path", "last"])
+    assert asked == ["s3://bucket/run/last.ckpt", "hpc", "registry:my-model:v1", "Registry", "last"]
+    said = refused(main, capsys, ["validate", *trained["args"], "--ckpt_path", "best"])
+    assert "--ckpt_path best names the best checkpoint of a fit in this same process" in said
 
 
 def test_a_gpu_accelerator_without_a_gpu_is_refused_naming_the_fix(
