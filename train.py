@@ -108,18 +108,18 @@ class ImageNetCLI(LightningCLI):
                 f"{subcommand} without --ckpt_path (or model.weights) evaluates a randomly initialized model; "
                 "pass --ckpt_path .../checkpoints/last.ckpt to evaluate a trained one"
             )
+        if not ckpt_path:
+            return super()._parse_ckpt_path()
         # Lightning's own names and remote paths (s3://...) are Lightning's to resolve, and a sharded checkpoint is a
         # folder of the strategies that write one.
         sharded = any(name in str(self.config[subcommand].trainer.strategy).lower() for name in ("fsdp", "deepspeed"))
-        local = (
-            ckpt_path and ckpt_path not in ("last", "hpc") and not _is_registry(ckpt_path) and "://" not in ckpt_path
-        )
+        local = ckpt_path not in ("last", "hpc") and not _is_registry(ckpt_path) and "://" not in ckpt_path
         if local and not Path(ckpt_path).is_file() and not (sharded and Path(ckpt_path).is_dir()):
             what = "is a folder" if Path(ckpt_path).is_dir() else "does not exist"
             self.parser.error(
                 f"--ckpt_path {ckpt_path} {what}; pass a checkpoint file (e.g. .../checkpoints/last.ckpt)"
             )
-        if ckpt_path and Path(ckpt_path).is_file():
+        if Path(ckpt_path).is_file():
             if not zipfile.is_zipfile(ckpt_path):
                 self.parser.error(
                     f"--ckpt_path {ckpt_path} is not a checkpoint (a checkpoint is a torch.save zip archive, "
