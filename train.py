@@ -223,7 +223,6 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
     return ImageNetCLI(ImageNetClassifier, ImageNetDataModule, args=None if argv is None else args, **CLI_SETTINGS)
 
 
-#: The CLI's settings beside its arguments (also for code that builds the CLI with ``run=False``, as the benchmarks do).
 def version() -> str:
     """This application's version and the versions it runs on (``train.py --version``)."""
     try:
@@ -233,6 +232,7 @@ def version() -> str:
     return f"{own} (torch {torch.__version__}, pytorch_lightning {pl.__version__})"
 
 
+#: The CLI's settings beside its arguments (also for code that builds the CLI with ``run=False``, as the benchmarks do).
 CLI_SETTINGS: dict[str, Any] = {
     "seed_everything_default": 0,
     "parser_kwargs": {"version": version()},
