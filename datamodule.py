@@ -521,6 +521,14 @@ class ImageNetDataModule(pl.LightningDataModule):
                 f"data.root: {error}; every class folder under {folder} needs at least one image "
                 f"with one of the extensions {', '.join(IMG_EXTENSIONS)}"
             ) from error
+        world = self._world()[0]
+        if split == "val" and len(images) < world:
+            # In setup, before any step: a rank without a validation batch would skip validation while the others run
+            # it, and their checkpoint decisions would part ways (a hang). Every rank sees this length and refuses.
+            raise ValueError(
+                f"data.root: {folder} holds {len(images)} images for {world} ranks; every rank needs at least one "
+                f"(add validation images or run on at most {len(images)} devices)"
+            )
         return BadImagePolicy(images, on_bad_image=self.hparams.on_bad_image)
 
     @override

@@ -112,6 +112,19 @@ def test_shard_sampler_covers_every_index_once_without_padding(length: int, repl
     assert max(len(s) for s in shards) - min(len(s) for s in shards) <= 1
 
 
+def test_a_val_split_smaller_than_the_world_is_refused_on_every_rank(shapes_root: Path) -> None:
+    images = sizes(shapes_root)[1]
+    for rank in (0, images):  # the first and the last rank of one image too many: the same refusal, in setup
+        dm = small_dm(shapes_root)
+        dm.trainer = fake_trainer(world_size=images + 1, rank=rank)
+        for stage in ("fit", "validate"):
+            with pytest.raises(ValueError, match=rf"holds {images} images for {images + 1} ranks; every rank needs"):
+                dm.setup(stage)
+    dm.trainer = fake_trainer(world_size=images, rank=images - 1)  # one image each: fine
+    dm.setup("fit")
+    assert len(dm.val_dataloader().sampler) == 1
+
+
 def test_train_loader_uses_distributed_sampler_whose_epoch_is_set_through_the_prefetcher(shapes_root: Path) -> None:
     loaders = []
     for rank in range(2):
