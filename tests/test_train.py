@@ -322,6 +322,13 @@ def test_fp16_mixed_on_cpu_is_refused_naming_what_is_valid(
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
+def test_fp16_true_on_cpu_warns_that_it_is_slow(shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch):
+    monkeypatch.setattr(pl.Trainer, "fit", lambda self, *args, **kwargs: None)  # the warning, not the slow run
+    args = tiny_args(shapes_root, tmp_path, **SMALL, trainer__precision="16-true", trainer__max_steps=1)
+    with pytest.warns(UserWarning, match="trainer.precision 16-true on the CPU: .* bf16-mixed or 32-true"):
+        main(["fit", *args])
+
+
 def test_bf16_mixed_runs_on_cpu(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
     cli = main(
         [
