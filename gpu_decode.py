@@ -75,6 +75,7 @@ from PIL import Image
 from torchvision import transforms
 
 from image_loading import read_plain_jpeg
+from nvjpeg_batched import hardware_size
 
 try:  # one C++ call (no GIL held) that flattens and concatenates a list of tensors, as DDP's bucketing does
     from torch._utils import _flatten_dense_tensors
@@ -120,6 +121,9 @@ class Encoded:
         finished: ``data`` is the final crop, uint8 ``(3, size, size)``: the worker decoded, cropped, resized and
             flipped it (``data.cpu_decode_share``, with ``data.cpu_decoder``'s loader and transform); ``box`` covers
             it whole and ``flip`` is False.
+        hardware_size: ``(height, width)`` of a JPEG that nvJPEG's hardware decoder takes, read by the worker
+            (:func:`nvjpeg_batched.hardware_size`): ``data.nvjpeg: preallocated`` then skips nvJPEG's own header
+            reading of it. None: nvJPEG reads the header.
     """
 
     data: torch.Tensor
@@ -127,6 +131,7 @@ class Encoded:
     box: tuple[int, int, int, int]
     flip: bool
     finished: bool = False
+    hardware_size: tuple[int, int] | None = None
 
 
 class PackedBatch(NamedTuple):
@@ -142,8 +147,9 @@ class PackedBatch(NamedTuple):
         data: uint8 1-D: ``finished`` crops of ``(3, size, size)``, then every other sample's JPEG bytes or pixels.
         finished: How many finished crops (:attr:`Encoded.finished`) lead the buffer.
         size: Side of the finished crops.
-        table: int64 ``(n - finished, 10)``, one row per other sample: offset and length in ``data``, encoded, height
-            and width of its pixels (0 for JPEG bytes), then the crop box (top, left, height, width) and the flip.
+        table: int64 ``(n - finished, 11)``, one row per other sample: offset and length in ``data``, encoded, height
+            and width of its pixels (of a JPEG: :attr:`Encoded.hardware_size`, or 0), then the crop box (top, left,
+            height, width), the flip, and whether the JPEG's height and width are its ``hardware_size``.
     """
 
     data: torch.Tensor
@@ -157,11 +163,12 @@ class PackedBatch(NamedTuple):
         side = self.size
         finished = self.data[: self.finished * 3 * side * side].view(self.finished, 3, side, side)
         samples = []
-        for offset, length, encoded, height, width, top, left, box_h, box_w, flip in self.table.tolist():
+        for offset, length, encoded, height, width, top, left, box_h, box_w, flip, hardware in self.table.tolist():
             data = self.data[offset : offset + length]
             if not encoded:
                 data = data.view(3, height, width)
-            samples.append(Encoded(data, bool(encoded), (top, left, box_h, box_w), bool(flip)))
+            known = (height, width) if hardware else None
+            samples.append(Encoded(data, bool(encoded), (top, left, box_h, box_w), bool(flip), hardware_size=known))
         return finished, samples
 
 
@@ -230,10 +237,12 @@ class EncodedSampleLoader:
         # A JPEG without its end-of-image marker last is truncated (or carries trailing bytes): PIL decodes and judges
         # it, so a truncated file is a BadImageError of its sample, not an nvJPEG error of the whole batch.
         plain = read_plain_jpeg(path)
+        hardware = None
         if plain is not None:
             raw, header = plain
             data, encoded = torch.frombuffer(bytearray(raw), dtype=torch.uint8), True
             width, height = header.size
+            hardware = hardware_size(raw)  # here, in parallel, not on the producer thread with the GIL held
         else:
             image = self.pil_loader(path)
             width, height = image.size
@@ -244,7 +253,7 @@ class EncodedSampleLoader:
             flip = bool(torch.rand(1) < 0.5)
         else:
             box, flip = center_box(height, width, self.resize_size, self.crop_size), False
-        return Encoded(data, encoded, tuple(int(v) for v in box), flip)
+        return Encoded(data, encoded, tuple(int(v) for v in box), flip, hardware_size=hardware)
 
     def _finished(self, path: str) -> Encoded:
         """The sample as ``data.decode: cpu`` makes it: the CPU loader's decode, then this split's crop (and flip)."""
@@ -287,12 +296,16 @@ def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[PackedBatch, 
             if tuple(sample.data.shape) != (3, side, side):
                 raise ValueError(f"finished crops of one batch differ in size: {tuple(sample.data.shape)} and {side}")
             crops[i] = sample.data
-    table = np.zeros((len(rest), 10), dtype=np.int64)
+    table = np.zeros((len(rest), 11), dtype=np.int64)
     offset = lead
     for row, ((sample, _), length) in enumerate(zip(rest, lengths, strict=True)):
         data[offset : offset + length] = sample.data.reshape(-1)
-        height, width = (0, 0) if sample.encoded else sample.data.shape[1:]
-        table[row] = (offset, length, sample.encoded, height, width, *sample.box, sample.flip)
+        hardware = sample.encoded and sample.hardware_size is not None
+        if sample.encoded:
+            height, width = sample.hardware_size or (0, 0)
+        else:
+            height, width = sample.data.shape[1:]
+        table[row] = (offset, length, sample.encoded, height, width, *sample.box, sample.flip, hardware)
         offset += length
     targets = torch.tensor([target for _, target in finished + rest], dtype=torch.int64)
     return PackedBatch(data, len(finished), side, table), targets
@@ -618,7 +631,8 @@ def _decode(
         data = [samples[i].data for i in jpeg_index]
         if device.type == "cuda":
             pool = _DecodeStream.of(device, lane)
-            decoded = pool.decode(data, device, nvjpeg, max(capacity, len(data)))
+            known = [samples[i].hardware_size for i in jpeg_index]
+            decoded = pool.decode(data, device, nvjpeg, max(capacity, len(data)), known)
             release = lambda: pool.park(decoded)  # noqa: E731
         else:
             decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
@@ -668,7 +682,12 @@ class _DecodeStream:
             return cls._pools[index, lane]
 
     def decode(
-        self, data: list[torch.Tensor], device: torch.device, nvjpeg: str = "torchvision", capacity: int = 0
+        self,
+        data: list[torch.Tensor],
+        device: torch.device,
+        nvjpeg: str = "torchvision",
+        capacity: int = 0,
+        known: list[tuple[int, int] | None] | None = None,
     ) -> list[torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -678,7 +697,7 @@ class _DecodeStream:
         parked.clear()  # their reads are done: the memory may be reused
         consumer = torch.cuda.current_stream(self.stream.device)
         with torch.cuda.stream(self.stream):
-            images = self._decode_preallocated(data, capacity) if nvjpeg == "preallocated" else None
+            images = self._decode_preallocated(data, capacity, known) if nvjpeg == "preallocated" else None
             if images is None:
                 images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
             elif any(image is None for image in images):
@@ -694,8 +713,11 @@ class _DecodeStream:
         consumer.wait_stream(self.stream)
         return images
 
-    def _decode_preallocated(self, data: list[torch.Tensor], capacity: int) -> list[torch.Tensor | None] | None:
-        """The images by :class:`nvjpeg_batched.BatchedDecoder` on this stream (None for the JPEGs it does not take),
+    def _decode_preallocated(
+        self, data: list[torch.Tensor], capacity: int, known: list[tuple[int, int] | None] | None = None
+    ) -> list[torch.Tensor | None] | None:
+        """The images by :class:`nvjpeg_batched.BatchedDecoder` on this stream (None for the JPEGs it does not take;
+        ``known``: the sizes the workers read, see :meth:`nvjpeg_batched.BatchedDecoder.decode`),
         or None when it cannot decode the batch (then torchvision does, with one warning per reason). One decoder per
         lane, made at the first call and sized for ``capacity`` JPEGs of up to PREALLOCATE_SIDE x PREALLOCATE_SIDE
         (a larger image makes nvJPEG grow its buffers once more); remade, as large, for a call with more JPEGs."""
@@ -729,7 +751,7 @@ class _DecodeStream:
                     old.close()
                 self.preallocated = decoder
             try:
-                return decoder.decode(data)
+                return decoder.decode(data, known)
             except NvjpegError as error:
                 self._warn_once(f"nvJPEG's batched hardware decoder failed a batch ({error}); torchvision decodes it")
                 return None

@@ -3,6 +3,7 @@ batched one against the per-image reference)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import threading
 from pathlib import Path
@@ -63,6 +64,9 @@ def test_jpegs_travel_encoded_and_the_rest_decoded_by_pil(files):
     kinds = {name: loader(str(path)) for name, path in files.items()}
     assert kinds["jpeg"].encoded and kinds["gray"].encoded
     assert kinds["jpeg"].data.dtype == torch.uint8 and kinds["jpeg"].data.dim() == 1
+    # The worker read the headers for nvJPEG's hardware decoder: (height, width), so the producer need not.
+    assert kinds["jpeg"].hardware_size == (200, 300) and kinds["gray"].hardware_size == (160, 120)
+    assert all(kinds[name].hardware_size is None for name in ("cmyk", "png", "rotated"))
     for name in ("cmyk", "png", "rotated"):
         sample = kinds[name]
         assert not sample.encoded, name
@@ -191,6 +195,10 @@ def test_a_packed_batch_is_one_buffer_with_the_finished_crops_first(files):
     for got, (sent, _) in zip(rest, [batch[0], batch[2]], strict=True):  # the same samples, views of the buffer
         assert torch.equal(got.data, sent.data) and got.data.untyped_storage().data_ptr() == images.data.data_ptr()
         assert (got.encoded, got.box, got.flip) == (sent.encoded, sent.box, sent.flip)
+        assert got.hardware_size == sent.hardware_size  # (200, 300) for the JPEG, None for PIL's pixels
+    assert rest[0].hardware_size == (200, 300) and rest[1].hardware_size is None
+    unread = dataclasses.replace(batch[0][0], hardware_size=None)  # a header the worker could not vouch for
+    assert encoded_collate([(unread, 0)])[0].unpack()[1][0].hardware_size is None
 
     expected = torch.cat([finished.float(), decode_crop_resize(rest, torch.device("cpu"), 64)])
     out = decode_batch(images, torch.device("cpu"), 64)

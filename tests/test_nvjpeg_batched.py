@@ -55,6 +55,7 @@ class FakeDecoder:
     """Stands in for BatchedDecoder on a CPU-only machine: records what gpu_decode asks of it."""
 
     made: list[FakeDecoder] = []
+    known: list[object] = []
     refuse_at: str = ""
 
     def __init__(self, device, batch_size, max_height, max_width):  # noqa: ANN001
@@ -63,7 +64,8 @@ class FakeDecoder:
         self.batch_size, self.max_height, self.max_width, self.closed = batch_size, max_height, max_width, False
         FakeDecoder.made.append(self)
 
-    def decode(self, data):  # noqa: ANN001, ANN201
+    def decode(self, data, known=None):  # noqa: ANN001, ANN201
+        FakeDecoder.known.append(known)
         if FakeDecoder.refuse_at == "decode":
             raise NvjpegError("nvjpegDecodeBatched", 6)
         assert not self.closed, "decoded with a closed decoder"
@@ -75,7 +77,7 @@ class FakeDecoder:
 
 @pytest.fixture
 def stream_of_fakes(monkeypatch):
-    FakeDecoder.made, FakeDecoder.refuse_at = [], ""
+    FakeDecoder.made, FakeDecoder.known, FakeDecoder.refuse_at = [], [], ""
     monkeypatch.setattr(nvjpeg_batched, "BatchedDecoder", FakeDecoder)
     pool = object.__new__(gpu_decode._DecodeStream)  # no CUDA stream here: only what _decode_preallocated reads
     pool.stream = SimpleNamespace(device=torch.device("cuda", 0))
@@ -136,8 +138,121 @@ def jpeg_of(width: int, height: int, seed: int, **save: object) -> torch.Tensor:
     if save.pop("gray", False):
         image = image.convert("L")
     buffer = io.BytesIO()
-    image.save(buffer, "JPEG", quality=90, **save)
+    image.save(buffer, "JPEG", **{"quality": 90, **save})
     return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def test_the_sizes_the_workers_read_reach_the_decoder(stream_of_fakes):
+    pool = stream_of_fakes
+    data, known = [torch.zeros(10, dtype=torch.uint8)] * 2, [(375, 500), None]
+    pool._decode_preallocated(data, capacity=8, known=known)
+    pool._decode_preallocated(data, capacity=8)
+    assert FakeDecoder.known == [known, None]
+
+
+def test_sizes_for_other_jpegs_than_the_call_has_are_refused():
+    decoder = object.__new__(BatchedDecoder)  # the check comes before any nvJPEG call
+    with pytest.raises(ValueError, match="1 sizes for 2 JPEGs"):
+        decoder.decode([torch.zeros(4, dtype=torch.uint8)] * 2, known=[(8, 8)])
+
+
+def reading_headers(nvjpeg_reads: list[tuple[int, int] | None]) -> tuple[BatchedDecoder, list[int]]:
+    """A decoder whose nvJPEG reads JPEG ``k``'s header as ``nvjpeg_reads[k]``, and the list of headers it read."""
+    decoder, read = object.__new__(BatchedDecoder), []
+    decoder.checked, decoder.trust_known = 0, True
+    decoder._inspect = lambda k, jpeg: read.append(k) or nvjpeg_reads[k]
+    return decoder, read
+
+
+def test_the_workers_sizes_are_checked_against_nvjpegs_at_first_then_trusted():
+    jpegs, sizes = [torch.zeros(4, dtype=torch.uint8)] * 3, [(10, 20), None, (30, 40)]
+    decoder, read = reading_headers(sizes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(nvjpeg_batched.CHECKED_CALLS):
+            assert decoder._sizes(jpegs, sizes) == sizes
+        assert read == [0, 1, 2] * nvjpeg_batched.CHECKED_CALLS
+        read.clear()
+        assert decoder._sizes(jpegs, sizes) == sizes and read == [1]  # only the one the workers left to nvJPEG
+        read.clear()
+        assert decoder._sizes(jpegs, None) == sizes and read == [0, 1, 2]  # no sizes from the workers
+
+
+@pytest.mark.parametrize("nvjpeg_reads", [[(10, 20), None, (31, 40)], [(10, 20), None, None]])
+def test_sizes_nvjpeg_reads_otherwise_end_the_trust_with_a_warning(nvjpeg_reads):
+    jpegs, known = [torch.zeros(4, dtype=torch.uint8)] * 3, [(10, 20), None, (30, 40)]
+    decoder, read = reading_headers(nvjpeg_reads)
+    with pytest.warns(UserWarning, match=r"JPEG 2 of a batch as .*, the loader's workers as \(30, 40\)"):
+        assert decoder._sizes(jpegs, known) == nvjpeg_reads  # nvJPEG's reading counts
+    read.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # it warns once
+        for _ in range(3):
+            assert decoder._sizes(jpegs, known) == nvjpeg_reads
+    assert read == [0, 1, 2] * 3
+
+
+def segment_at(raw: bytes, marker: int) -> int:
+    """Offset of the first segment with ``marker`` in a JPEG's header (its 0xFF byte), walking the lengths."""
+    at = 2
+    while raw[at + 1] != marker:
+        at += 2 + int.from_bytes(raw[at + 2 : at + 4], "big")
+    return at
+
+
+def patched(raw: bytes, at: int, value: bytes) -> bytes:
+    return raw[:at] + value + raw[at + len(value) :]
+
+
+def with_segment(raw: bytes, marker: int, body: bytes) -> bytes:
+    """``raw`` with one more segment right after the start-of-image marker."""
+    return raw[:2] + bytes([0xFF, marker]) + (len(body) + 2).to_bytes(2, "big") + body + raw[2:]
+
+
+@pytest.mark.parametrize(
+    ("save", "width", "height"),
+    [
+        ({}, 500, 375),  # 4:2:0, PIL's default
+        ({"subsampling": 0}, 301, 199),  # 4:4:4, odd sides
+        ({"subsampling": 1}, 333, 500),  # 4:2:2
+        ({"gray": True}, 80, 64),
+        ({"optimize": True}, 640, 480),  # Huffman tables of the image's own: still baseline
+        ({"restart_marker_blocks": 3}, 120, 90),  # restart intervals
+        ({}, 1, 1),
+    ],
+)
+def test_the_workers_vouch_for_baseline_jpegs_with_the_headers_size(save, width, height):
+    raw = jpeg_of(width, height, 0, **save).numpy().tobytes()
+    assert nvjpeg_batched.hardware_size(raw) == (height, width)
+    assert nvjpeg_batched.hardware_size(bytearray(raw)) == (height, width)
+
+
+def test_the_workers_leave_every_other_jpeg_to_nvjpegs_own_check():
+    raw = jpeg_of(200, 150, 0).numpy().tobytes()
+    sof = segment_at(raw, 0xC0)
+    cmyk = io.BytesIO()
+    Image.new("CMYK", (40, 30)).save(cmyk, "JPEG")
+    unvouched = {
+        "progressive": jpeg_of(200, 150, 0, progressive=True).numpy().tobytes(),
+        "CMYK (4 channels)": cmyk.getvalue(),
+        "extended sequential (SOF1)": patched(raw, sof + 1, b"\xc1"),
+        "12-bit samples": patched(raw, sof + 4, b"\x0c"),
+        "height from a DNL marker (0 in the frame)": patched(raw, sof + 5, b"\x00\x00"),
+        "4:4:0 (luma 1x2)": patched(raw, sof + 11, b"\x12"),
+        "chroma not 1x1": patched(raw, sof + 14, b"\x21"),
+        "16-bit quantization table": patched(raw, segment_at(raw, 0xDB) + 4, b"\x10"),
+        "arithmetic conditioning (DAC)": with_segment(raw, 0xCC, b"\x00\x10"),
+        "Adobe marker: channels not YCbCr": with_segment(raw, 0xEE, b"Adobe\x00\x64\x00\x00\x00\x00\x00"),
+        "a second frame header": raw[:sof] + raw[sof : segment_at(raw, 0xDA)] + raw[sof:],
+        "header cut before the scan": raw[: segment_at(raw, 0xDA)],
+        "cut inside a segment": raw[: sof + 8],
+        "not a JPEG": b"\x89PNG\r\n\x1a\n" + raw[8:],
+        "empty": b"",
+    }
+    for name, data in unvouched.items():
+        assert nvjpeg_batched.hardware_size(data) is None, name
+    adobe_ycbcr = with_segment(raw, 0xEE, b"Adobe\x00\x64\x00\x00\x00\x00\x01")  # transform 1: YCbCr
+    assert nvjpeg_batched.hardware_size(adobe_ycbcr) == (150, 200)
 
 
 @pytest.mark.gpu
@@ -181,6 +296,57 @@ def test_the_preallocated_decoder_gives_torchvisions_pixels():
         decoder.decode(jpegs)
 
 
+def variety() -> list[torch.Tensor]:
+    """JPEGs of every kind hardware_size vouches for, from one pixel to 4096 x 3072 and 8192 x 16, and a progressive
+    one it does not."""
+    kinds = [{}, {"subsampling": 0}, {"subsampling": 1}, {"gray": True}, {"optimize": True}, {"quality": 100}]
+    kinds += [{"quality": 5}, {"restart_marker_blocks": 1}, {"restart_marker_rows": 2}, {"progressive": True}]
+    sides = [(1, 1), (2, 3), (7, 5), (8, 8), (17, 9), (16, 8192), (4096, 3072), (301, 199), (500, 375)]
+    return [jpeg_of(w, h, k, **kinds[k % len(kinds)]) for k, (w, h) in enumerate(sides * 2)] + [
+        jpeg_of(w, h, k, **save) for k, save in enumerate(kinds) for w, h in [(333, 500)]
+    ]
+
+
+@pytest.mark.gpu
+def test_what_the_workers_vouch_for_nvjpegs_hardware_decoder_takes_at_that_size():
+    jpegs = variety()
+    read = [nvjpeg_batched.hardware_size(jpeg.numpy().tobytes()) for jpeg in jpegs]
+    decoder = BatchedDecoder("cuda", batch_size=len(jpegs), max_height=512, max_width=512)
+    try:
+        nvjpegs = [decoder._inspect(k, jpeg) for k, jpeg in enumerate(jpegs)]
+    finally:
+        decoder.close()
+    vouched = [k for k, size in enumerate(read) if size is not None]
+    progressive = [k for k, jpeg in enumerate(jpegs) if Image.open(io.BytesIO(jpeg.numpy())).info.get("progressive")]
+    assert len(progressive) == 2 and vouched == [k for k in range(len(jpegs)) if k not in progressive]
+    for k in vouched:
+        assert nvjpegs[k] == read[k], f"JPEG {k}: the workers read {read[k]}, nvJPEG {nvjpegs[k]}"
+
+
+@pytest.mark.gpu
+def test_the_sizes_the_workers_read_give_the_same_pixels_without_nvjpegs_header_calls(monkeypatch):
+    jpegs = variety()
+    known = [nvjpeg_batched.hardware_size(jpeg.numpy().tobytes()) for jpeg in jpegs]
+    decoder = BatchedDecoder("cuda", batch_size=len(jpegs), max_height=512, max_width=512)
+    try:
+        theirs = [None if image is None else image.clone() for image in decoder.decode(jpegs)]
+        inspected = []
+        inspect = decoder._inspect
+        monkeypatch.setattr(decoder, "_inspect", lambda k, jpeg: inspected.append(k) or inspect(k, jpeg))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nvJPEG reads the headers as the workers did
+            for _ in range(nvjpeg_batched.CHECKED_CALLS):  # checked against nvJPEG's own reading first
+                decoder.decode(jpegs, known)
+        assert decoder.trust_known and len(inspected) == nvjpeg_batched.CHECKED_CALLS * len(jpegs)
+        inspected.clear()
+        ours = decoder.decode(jpegs, known)
+        assert inspected == [k for k, size in enumerate(known) if size is None]  # the progressive ones only
+        for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), k
+    finally:
+        decoder.close()
+
+
 @pytest.mark.gpu
 def test_a_remade_decoder_keeps_decoding_right():
     from torchvision.io import ImageReadMode, decode_jpeg
@@ -207,11 +373,12 @@ def test_decode_batch_with_the_preallocated_decoder_gives_torchvisions_crops():
     pool = gpu_decode._DecodeStream.of(torch.device("cuda", torch.cuda.current_device()))
     pool.preallocated_failed, pool.warned = False, set()
 
-    def batch(progressive: bool) -> gpu_decode.PackedBatch:
+    def batch(progressive: bool, read: bool = False) -> gpu_decode.PackedBatch:
         samples = []
         for seed, (h, w) in enumerate([(375, 500), (400, 300), (333, 500)]):
             data = jpeg_of(w, h, seed, progressive=progressive and seed == 1)
-            samples.append((Encoded(data, True, (10, 20, h // 2, w // 2), seed % 2 == 0), seed))
+            known = nvjpeg_batched.hardware_size(data.numpy().tobytes()) if read else None  # as a worker reads it
+            samples.append((Encoded(data, True, (10, 20, h // 2, w // 2), seed % 2 == 0, hardware_size=known), seed))
         return encoded_collate(samples)[0]
 
     with warnings.catch_warnings(record=True) as caught:
@@ -219,6 +386,8 @@ def test_decode_batch_with_the_preallocated_decoder_gives_torchvisions_crops():
         ours = decode_batch(batch(False), "cuda", 64, nvjpeg="preallocated")
     assert pool.preallocated is not None and not caught  # the own decoder ran, nothing fell back
     assert torch.equal(ours, decode_batch(batch(False), "cuda", 64))
+    assert torch.equal(decode_batch(batch(False, read=True), "cuda", 64, nvjpeg="preallocated"), ours)
     with pytest.warns(UserWarning, match="not for nvJPEG's hardware decoder"):
         ours = decode_batch(batch(True), "cuda", 64, nvjpeg="preallocated")
     assert torch.equal(ours, decode_batch(batch(True), "cuda", 64))  # the progressive one by torchvision
+    assert torch.equal(decode_batch(batch(True, read=True), "cuda", 64, nvjpeg="preallocated"), ours)
