@@ -204,6 +204,11 @@ def patched(raw: bytes, at: int, value: bytes) -> bytes:
     return raw[:at] + value + raw[at + len(value) :]
 
 
+def without_segment(raw: bytes, marker: int) -> bytes:
+    at = segment_at(raw, marker)
+    return raw[:at] + raw[at + 2 + int.from_bytes(raw[at + 2 : at + 4], "big") :]
+
+
 def with_segment(raw: bytes, marker: int, body: bytes) -> bytes:
     """``raw`` with one more segment right after the start-of-image marker."""
     return raw[:2] + bytes([0xFF, marker]) + (len(body) + 2).to_bytes(2, "big") + body + raw[2:]
@@ -235,6 +240,7 @@ def test_the_workers_leave_every_other_jpeg_to_nvjpegs_own_check():
     unvouched = {
         "progressive": jpeg_of(200, 150, 0, progressive=True).numpy().tobytes(),
         "CMYK (4 channels)": cmyk.getvalue(),
+        "4 channels, no Adobe marker": without_segment(cmyk.getvalue(), 0xEE),
         "extended sequential (SOF1)": patched(raw, sof + 1, b"\xc1"),
         "12-bit samples": patched(raw, sof + 4, b"\x0c"),
         "height from a DNL marker (0 in the frame)": patched(raw, sof + 5, b"\x00\x00"),
