@@ -483,6 +483,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         if self.gpu_decode:
             # The files of the CPU share are decoded and cropped by the very transforms of decode: cpu.
             share = h.cpu_decode_share
+            read_headers = h.nvjpeg == "preallocated"  # the binding that uses the workers' header reading
             if stage == "fit":
                 train_loader = EncodedSampleLoader(
                     True,
@@ -493,6 +494,7 @@ class ImageNetDataModule(pl.LightningDataModule):
                     share,
                     normalize_free_train,
                     cpu_loader,
+                    read_headers,
                 )
                 self.train_set = self._image_folder("train", None, train_loader)
             val_loader = EncodedSampleLoader(
@@ -504,6 +506,7 @@ class ImageNetDataModule(pl.LightningDataModule):
                 share,
                 normalize_free_val,
                 cpu_loader,
+                read_headers,
             )
             self.val_set = self._image_folder("val", None, val_loader)
             return

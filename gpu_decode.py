@@ -75,7 +75,7 @@ from PIL import Image
 from torchvision import transforms
 
 from image_loading import read_plain_jpeg
-from nvjpeg_batched import hardware_size
+from jpeg_header import hardware_size
 
 try:  # one C++ call (no GIL held) that flattens and concatenates a list of tensors, as DDP's bucketing does
     from torch._utils import _flatten_dense_tensors
@@ -122,8 +122,9 @@ class Encoded:
             flipped it (``data.cpu_decode_share``, with ``data.cpu_decoder``'s loader and transform); ``box`` covers
             it whole and ``flip`` is False.
         hardware_size: ``(height, width)`` of a JPEG that nvJPEG's hardware decoder takes, read by the worker
-            (:func:`nvjpeg_batched.hardware_size`): ``data.nvjpeg: preallocated`` then skips nvJPEG's own header
-            reading of it. None: nvJPEG reads the header.
+            (:func:`jpeg_header.hardware_size`, and the same as PIL's reading): ``data.nvjpeg: preallocated``
+            uses it instead of nvJPEG's reading once enough of these sizes have matched nvJPEG's
+            (:meth:`nvjpeg_batched.BatchedDecoder.decode`). None: nvJPEG reads the header.
     """
 
     data: torch.Tensor
@@ -204,6 +205,8 @@ class EncodedSampleLoader:
         cpu_transform: The ``data.decode: cpu`` transform of this split: ``cpu_loader``'s image in, ``crop_size``
             image out (PIL, or a ``(3, H, W)`` uint8 tensor under ``data.cpu_decoder: torchvision``).
         cpu_loader: The ``data.decode: cpu`` loader of the CPU share (default ``pil_loader``).
+        read_headers: Read each JPEG's frame header for nvJPEG's hardware decoder
+            (:attr:`Encoded.hardware_size`; for ``data.nvjpeg: preallocated``, which uses it).
     """
 
     def __init__(
@@ -216,6 +219,7 @@ class EncodedSampleLoader:
         cpu_share: float = 0.0,
         cpu_transform: Callable[[Any], Any] | None = None,
         cpu_loader: Callable[[str], Any] | None = None,
+        read_headers: bool = False,
     ) -> None:
         if not 0.0 <= cpu_share <= 1.0:
             raise ValueError(f"cpu_share must be in [0, 1], got {cpu_share}")
@@ -230,6 +234,7 @@ class EncodedSampleLoader:
         self.ratio = (3.0 / 4.0, 4.0 / 3.0)
         self.pil_loader = pil_loader
         self.cpu_loader = pil_loader if cpu_loader is None else cpu_loader
+        self.read_headers = read_headers
 
     def __call__(self, path: str) -> Encoded:
         if self.cpu_share and decoded_on_cpu(path, self.cpu_share):
@@ -242,7 +247,9 @@ class EncodedSampleLoader:
             raw, header = plain
             data, encoded = torch.frombuffer(bytearray(raw), dtype=torch.uint8), True
             width, height = header.size
-            hardware = hardware_size(raw)  # here, in parallel, not on the producer thread with the GIL held
+            if self.read_headers:  # here, in parallel, not on the producer thread with the GIL held
+                hardware = hardware_size(raw)
+                hardware = hardware if hardware == (height, width) else None  # and PIL reads the same size
         else:
             image = self.pil_loader(path)
             width, height = image.size
@@ -748,6 +755,7 @@ class _DecodeStream:
                     )
                     return None
                 if old is not None:
+                    decoder.inherit(old)  # what it learned of the workers' sizes
                     old.close()
                 self.preallocated = decoder
             try:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
-import struct
 import threading
 import warnings
 from collections.abc import Sequence
@@ -130,80 +129,9 @@ def _load() -> tuple[ctypes.CDLL, ctypes.PyDLL]:
         return _library, _header_library
 
 
-#: Luma sampling factors (horizontal, vertical) of the YCbCr layouts :func:`hardware_size` vouches for, chroma at
-#: (1, 1): 4:4:4, 4:2:2 and 4:2:0, the ones nvJPEG's hardware decoder took on an H200 (``-m gpu`` test). The others
-#: it may take (4:4:0, 4:1:1, 4:1:0) stay with nvJPEG's own check: no test file of those could be made here.
-_HARDWARE_LUMA = frozenset({(1, 1), (2, 1), (2, 2)})
-#: Calls of a decoder that check the sizes the workers read against nvJPEG's own reading of the same headers: a
-#: library that reads them otherwise (another nvJPEG, another GPU) is found before the workers' sizes are trusted.
-CHECKED_CALLS = 2
-_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # 0xC4 DHT, 0xC8 reserved, 0xCC DAC
-_ADOBE_YCBCR = 1  # the Adobe marker's transform for YCbCr; 0 means the three channels are stored as they are
-
-
-def hardware_size(raw: bytes | bytearray | memoryview) -> tuple[int, int] | None:
-    """(height, width) of a JPEG that nvJPEG's hardware decoder takes, read from its header in Python; None when this
-    reading cannot vouch for it (then :meth:`BatchedDecoder.decode` asks nvJPEG, as for any JPEG).
-
-    The loader's workers call it, so that the producer thread does not read each header again through nvJPEG with
-    the GIL held: 256 headers took 7.8 ms of each batch on an H200 (bench/RESULTS.md, nineteenth session). It vouches
-    only for baseline (SOF0) Huffman JPEGs of 8-bit samples and 8-bit quantization tables, gray or YCbCr at 4:4:4,
-    4:2:2 or 4:2:0, with the height in the frame header and one frame; an Adobe marker that says the channels are not
-    YCbCr, arithmetic coding, a second frame header or a header cut short give None. The size is the frame header's,
-    the same bytes nvJPEG reads for the buffer it writes.
-    """
-    view = memoryview(raw).cast("B")
-    end = len(view)
-    if end < 4 or view[0] != 0xFF or view[1] != 0xD8:
-        return None
-    size: tuple[int, int] | None = None
-    at = 2
-    while at + 4 <= end:
-        if view[at] != 0xFF:
-            return None
-        marker = view[at + 1]
-        if marker == 0xFF:  # a fill byte before the marker
-            at += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD9:  # markers without a length (TEM, RSTn, SOI, EOI)
-            return None
-        stop = at + 2 + ((view[at + 2] << 8) | view[at + 3])
-        if stop > end or stop < at + 4:
-            return None
-        segment = view[at + 4 : stop]
-        if marker == 0xDA:  # start of scan: the header is over
-            return size
-        if marker in _SOF_MARKERS:
-            if marker != 0xC0 or size is not None:
-                return None
-            size = _baseline_frame(segment)
-            if size is None:
-                return None
-        elif marker == 0xCC:  # arithmetic conditioning
-            return None
-        elif marker == 0xDB:  # quantization tables: 65 bytes each at 8-bit precision (the high nibble 0)
-            if len(segment) % 65 or any(segment[k] >> 4 for k in range(0, len(segment), 65)):
-                return None
-        elif marker == 0xEE and bytes(segment[:5]) == b"Adobe" and (len(segment) < 12 or segment[11] != _ADOBE_YCBCR):
-            return None
-        at = stop
-    return None
-
-
-def _baseline_frame(segment: memoryview) -> tuple[int, int] | None:
-    """(height, width) from a SOF0 segment (after its length) when its samples and layout are the hardware's."""
-    if len(segment) < 6:
-        return None
-    precision, height, width, components = struct.unpack_from(">BHHB", segment)
-    if precision != 8 or height < 1 or width < 1 or len(segment) != 6 + 3 * components:
-        return None
-    if components == 3:
-        luma, blue, red = segment[7], segment[10], segment[13]
-        if blue != 0x11 or red != 0x11 or (luma >> 4, luma & 0x0F) not in _HARDWARE_LUMA:
-            return None
-    elif components != 1:
-        return None
-    return height, width
+#: Sizes of the workers' reading compared with nvJPEG's own before they are trusted (see BatchedDecoder.decode): two
+#: batches of 256, so that a library that reads headers otherwise (another nvJPEG, another GPU) is found first.
+CHECKED_SIZES = 512
 
 
 def version() -> tuple[int, int, int]:
@@ -252,7 +180,8 @@ class BatchedDecoder:
         # One state: calls are serialized, and each waits for the previous batch's decode (``done``) before it touches
         # the state's staging buffers, as torchvision (a stream sync) and nvImageCodec (an event) do.
         self.lock = threading.Lock()
-        self.checked, self.trust_known = 0, True  # see CHECKED_CALLS
+        # Sizes of the workers' reading compared with nvJPEG's, and whether they are still believed (CHECKED_SIZES).
+        self.checked, self.trust_known = 0, True
         self.lib, self.header_lib = library(), header_library()
         self.handle, self.state, self.parser = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
         try:
@@ -280,10 +209,12 @@ class BatchedDecoder:
         decoder takes; returns uint8 ``(3, H, W)`` views of one buffer for those and None for the others (progressive
         JPEGs, unusual subsamplings), which the caller decodes some other way.
 
-        Each image's size comes from its own header, so the buffer is what nvJPEG writes: ``known[k]``, what
-        :func:`hardware_size` read from JPEG ``k`` (in a loader worker), or else nvJPEG's own reading
-        (``nvjpegGetImageInfo``, ``nvjpegDecodeBatchedSupported``). The buffer comes from PyTorch's allocator on the
-        current stream; the JPEG bytes must stay unchanged until the work queued here has run. Raises
+        Each image's buffer is sized from its header, as nvJPEG reads it (``nvjpegGetImageInfo``,
+        ``nvjpegDecodeBatchedSupported``) or, once :data:`CHECKED_SIZES` sizes of the workers' reading have matched
+        nvJPEG's, as ``known[k]`` says: :func:`jpeg_header.hardware_size` of JPEG ``k``'s very bytes, read in a
+        loader worker (None: nvJPEG reads that header). A size that differs makes nvJPEG read every header from then
+        on, with a warning, as does a failed call with sizes from ``known``. The buffer comes from PyTorch's allocator
+        on the current stream; the JPEG bytes must stay unchanged until the work queued here has run. Raises
         :class:`NvjpegError` when nvJPEG fails (a broken file, an error of the call).
         """
         if known is not None and len(known) != len(jpegs):
@@ -292,7 +223,7 @@ class BatchedDecoder:
             if not self.handle:
                 raise NvjpegError("decode after close", 1)
             self.done.synchronize()
-            sizes = self._sizes(jpegs, known)
+            sizes, trusted = self._sizes(jpegs, known)
             chosen = [k for k, size in enumerate(sizes) if size is not None]
             if len(chosen) > self.batch_size:
                 raise ValueError(f"{len(chosen)} JPEGs in one call; this decoder takes batch_size={self.batch_size}")
@@ -326,34 +257,44 @@ class BatchedDecoder:
             if status != 0:
                 # Whatever nvJPEG queued may still write into ``out``: it must not go back to the allocator before.
                 stream.synchronize()
+                if trusted:  # perhaps a JPEG the workers vouched for that the hardware refuses: ask nvJPEG from now on
+                    self._distrust("a batch with sizes the loader's workers read failed")
                 raise NvjpegError("nvjpegDecodeBatched", status)
             return results
 
     def _sizes(
         self, jpegs: Sequence[torch.Tensor], known: Sequence[tuple[int, int] | None] | None
-    ) -> list[tuple[int, int] | None]:
-        """(height, width) of each JPEG the hardware decoder takes, else None: ``known``'s where it has one, nvJPEG's
-        reading of the header otherwise. The first :data:`CHECKED_CALLS` calls with ``known`` read every header with
-        nvJPEG too; where the two differ, nvJPEG's reading counts, from then on for every JPEG, with a warning."""
+    ) -> tuple[list[tuple[int, int] | None], bool]:
+        """(height, width) of each JPEG the hardware decoder takes, else None, and whether any came from ``known``
+        unchecked: nvJPEG reads every header until :data:`CHECKED_SIZES` of ``known``'s sizes have matched its
+        reading, then only those ``known`` leaves to it."""
         if known is None or not self.trust_known:
-            return [self._inspect(k, jpeg) for k, jpeg in enumerate(jpegs)]
-        if self.checked < CHECKED_CALLS:
-            self.checked += 1
+            return [self._inspect(k, jpeg) for k, jpeg in enumerate(jpegs)], False
+        if self.checked < CHECKED_SIZES:
             own = [self._inspect(k, jpeg) for k, jpeg in enumerate(jpegs)]
-            differ = [k for k, size in enumerate(known) if size is not None and size != own[k]]
+            compared = [k for k, size in enumerate(known) if size is not None]
+            self.checked += len(compared)
+            differ = [k for k in compared if known[k] != own[k]]
             if differ:
-                self.trust_known, k = False, differ[0]
-                warnings.warn(
+                k = differ[0]
+                self._distrust(
                     f"nvJPEG reads the header of JPEG {k} of a batch as {own[k]} (height, width; None: not for its "
-                    f"hardware decoder), the loader's workers as {known[k]} ({len(differ)} such JPEGs in the batch); "
-                    "nvJPEG reads every header from now on",
-                    stacklevel=4,
+                    f"hardware decoder), the loader's workers as {known[k]} ({len(differ)} such JPEGs in the batch)"
                 )
-            return own
-        return [
+            return own, False
+        sizes = [
             self._inspect(k, jpeg) if size is None else _checked(k, jpeg, size)
             for k, (jpeg, size) in enumerate(zip(jpegs, known, strict=True))
         ]
+        return sizes, True
+
+    def _distrust(self, why: str) -> None:
+        self.trust_known = False
+        warnings.warn(f"{why}; nvJPEG reads every header from now on", stacklevel=4)
+
+    def inherit(self, old: BatchedDecoder) -> None:
+        """Takes over ``old``'s checks of the workers' sizes (a decoder remade larger goes on where it was)."""
+        self.checked, self.trust_known = old.checked, old.trust_known
 
     def _inspect(self, k: int, jpeg: torch.Tensor) -> tuple[int, int] | None:
         """(height, width) from the header when the hardware decoder takes the JPEG, else None."""
@@ -392,7 +333,12 @@ class BatchedDecoder:
 
 
 def _checked(k: int, jpeg: torch.Tensor, size: tuple[int, int] | None = None) -> tuple[int, int] | None:
-    """``size``, once JPEG ``k`` is bytes nvJPEG can read: contiguous uint8 1-D on the CPU."""
+    """``size``, once JPEG ``k`` is bytes nvJPEG can read (contiguous uint8 1-D on the CPU) and ``size`` is None or
+    a (height, width) a JPEG frame can have."""
     if jpeg.dtype != torch.uint8 or jpeg.dim() != 1 or jpeg.device.type != "cpu" or not jpeg.is_contiguous():
         raise ValueError(f"JPEG {k}: expected contiguous uint8 1-D bytes on the CPU, got {jpeg.dtype} {jpeg.shape}")
+    if size is not None and not (
+        type(size) is tuple and len(size) == 2 and all(type(side) is int and 0 < side < 65536 for side in size)
+    ):
+        raise ValueError(f"JPEG {k}: known size {size!r} is not a (height, width) of ints from 1 to 65535")
     return size

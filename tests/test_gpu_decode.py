@@ -16,6 +16,7 @@ from PIL import Image
 from torchvision import transforms
 from torchvision.io import decode_jpeg, read_file
 
+import gpu_decode
 import image_loading
 from datamodule import ImageNetDataModule, load_rgb
 from gpu_decode import (
@@ -60,19 +61,37 @@ def files(tmp_path: Path) -> dict[str, Path]:
 
 
 def test_jpegs_travel_encoded_and_the_rest_decoded_by_pil(files):
-    loader = EncodedSampleLoader(True, 64, 0.08, 73, load_rgb)
+    loader = EncodedSampleLoader(True, 64, 0.08, 73, load_rgb, read_headers=True)
     kinds = {name: loader(str(path)) for name, path in files.items()}
     assert kinds["jpeg"].encoded and kinds["gray"].encoded
     assert kinds["jpeg"].data.dtype == torch.uint8 and kinds["jpeg"].data.dim() == 1
     # The worker read the headers for nvJPEG's hardware decoder: (height, width), so the producer need not.
     assert kinds["jpeg"].hardware_size == (200, 300) and kinds["gray"].hardware_size == (160, 120)
     assert all(kinds[name].hardware_size is None for name in ("cmyk", "png", "rotated"))
+    unread = EncodedSampleLoader(True, 64, 0.08, 73, load_rgb)(str(files["jpeg"]))  # data.nvjpeg: torchvision
+    assert unread.encoded and unread.hardware_size is None
     for name in ("cmyk", "png", "rotated"):
         sample = kinds[name]
         assert not sample.encoded, name
         assert sample.data.shape[0] == 3 and sample.data.dtype == torch.uint8
     # EXIF orientation applied by PIL: the 200x100 photo is 100 wide, 200 high.
     assert tuple(kinds["rotated"].data.shape[1:]) == (200, 100)
+
+
+def test_a_header_size_pil_reads_otherwise_is_not_vouched_for(files, monkeypatch):
+    monkeypatch.setattr(gpu_decode, "hardware_size", lambda raw: (201, 300))  # PIL reads 200 x 300
+    sample = EncodedSampleLoader(True, 64, 0.08, 73, load_rgb, read_headers=True)(str(files["jpeg"]))
+    assert sample.encoded and sample.hardware_size is None
+
+
+@pytest.mark.parametrize(("nvjpeg", "read"), [("torchvision", False), ("preallocated", True)])
+def test_the_workers_read_headers_for_the_binding_that_uses_them(shapes_root, monkeypatch, nvjpeg, read):
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    data = ImageNetDataModule(root=str(shapes_root), decode="gpu", nvjpeg=nvjpeg, workers=0, batch_size=4)
+    monkeypatch.setattr(data, "_device", lambda: torch.device("cuda", 0))  # the GPU path's set-up, without a GPU
+    data.setup("fit")
+    assert data.gpu_decode
+    assert data.train_set.dataset.loader.read_headers is read and data.val_set.dataset.loader.read_headers is read
 
 
 def test_pils_limit_is_raised_before_the_worker_reads_a_header(files, monkeypatch):
@@ -177,7 +196,7 @@ def test_a_cpu_transform_of_the_wrong_size_and_a_bad_share_are_refused(files):
 
 def test_a_packed_batch_is_one_buffer_with_the_finished_crops_first(files):
     val_crop = transforms.Compose([transforms.Resize(73), transforms.CenterCrop(64)])
-    on_gpu = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb)
+    on_gpu = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb, read_headers=True)
     on_cpu = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb, cpu_share=1.0, cpu_transform=val_crop)
     batch = [
         (on_gpu(str(files["jpeg"])), 0),  # JPEG bytes

@@ -10,12 +10,13 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_jpeg_header import jpeg_of
 
 import gpu_decode
+import jpeg_header
 import nvjpeg_batched
 from nvjpeg_batched import BatchedDecoder, NvjpegError, NvjpegImage
 
@@ -71,6 +72,9 @@ class FakeDecoder:
         assert not self.closed, "decoded with a closed decoder"
         return [torch.zeros(3, 4, 4, dtype=torch.uint8) for _ in data]
 
+    def inherit(self, old: FakeDecoder) -> None:
+        self.inherited = old
+
     def close(self) -> None:
         self.closed = True
 
@@ -98,6 +102,7 @@ def test_the_preallocated_decoder_is_sized_for_the_batch_and_remade_for_a_larger
     first.max_height = 2 * side  # as if made larger: a remade decoder keeps what the old one held
     pool._decode_preallocated(data * 100, capacity=100)
     assert len(FakeDecoder.made) == 2 and first.closed
+    assert FakeDecoder.made[1].inherited is first  # it goes on with what the first learned of the workers' sizes
     assert (FakeDecoder.made[1].batch_size, FakeDecoder.made[1].max_height) == (300, 2 * side)
 
 
@@ -131,17 +136,6 @@ def test_what_the_hardware_decoder_refuses_goes_to_torchvision_with_one_warning(
     assert len(FakeDecoder.made) == (0 if refuse_at == "create" else 1)
 
 
-def jpeg_of(width: int, height: int, seed: int, **save: object) -> torch.Tensor:
-    rng = np.random.default_rng(seed)
-    coarse = rng.integers(0, 256, size=(5, 5, 3), dtype=np.uint8)
-    image = Image.fromarray(coarse, "RGB").resize((width, height), Image.BICUBIC)
-    if save.pop("gray", False):
-        image = image.convert("L")
-    buffer = io.BytesIO()
-    image.save(buffer, "JPEG", **{"quality": 90, **save})
-    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-
-
 def test_the_sizes_the_workers_read_reach_the_decoder(stream_of_fakes):
     pool = stream_of_fakes
     data, known = [torch.zeros(10, dtype=torch.uint8)] * 2, [(375, 500), None]
@@ -164,101 +158,51 @@ def reading_headers(nvjpeg_reads: list[tuple[int, int] | None]) -> tuple[Batched
     return decoder, read
 
 
-def test_the_workers_sizes_are_checked_against_nvjpegs_at_first_then_trusted():
+def test_the_workers_sizes_are_checked_against_nvjpegs_at_first_then_trusted(monkeypatch):
+    monkeypatch.setattr(nvjpeg_batched, "CHECKED_SIZES", 5)
     jpegs, sizes = [torch.zeros(4, dtype=torch.uint8)] * 3, [(10, 20), None, (30, 40)]
     decoder, read = reading_headers(sizes)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for _ in range(nvjpeg_batched.CHECKED_CALLS):
-            assert decoder._sizes(jpegs, sizes) == sizes
-        assert read == [0, 1, 2] * nvjpeg_batched.CHECKED_CALLS
+        assert decoder._sizes(jpegs, [None] * 3) == (sizes, False)  # nothing from the workers: nothing compared
+        assert decoder._sizes(jpegs, sizes) == (sizes, False) and decoder._sizes(jpegs, sizes) == (sizes, False)
+        assert read == [0, 1, 2] * 3 and decoder.checked == 4
         read.clear()
-        assert decoder._sizes(jpegs, sizes) == sizes and read == [1]  # only the one the workers left to nvJPEG
+        assert decoder._sizes(jpegs, sizes) == (sizes, False) and decoder.checked == 6  # 5 reached in this call
         read.clear()
-        assert decoder._sizes(jpegs, None) == sizes and read == [0, 1, 2]  # no sizes from the workers
+        assert decoder._sizes(jpegs, sizes) == (sizes, True) and read == [1]  # only the one the workers left
+        read.clear()
+        assert decoder._sizes(jpegs, None) == (sizes, False) and read == [0, 1, 2]  # no sizes from the workers
 
 
 @pytest.mark.parametrize("nvjpeg_reads", [[(10, 20), None, (31, 40)], [(10, 20), None, None]])
 def test_sizes_nvjpeg_reads_otherwise_end_the_trust_with_a_warning(nvjpeg_reads):
     jpegs, known = [torch.zeros(4, dtype=torch.uint8)] * 3, [(10, 20), None, (30, 40)]
     decoder, read = reading_headers(nvjpeg_reads)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decoder._sizes(jpegs, [(10, 20), None, None])  # a first call that agrees
     with pytest.warns(UserWarning, match=r"JPEG 2 of a batch as .*, the loader's workers as \(30, 40\)"):
-        assert decoder._sizes(jpegs, known) == nvjpeg_reads  # nvJPEG's reading counts
+        assert decoder._sizes(jpegs, known) == (nvjpeg_reads, False)  # nvJPEG's reading counts
     read.clear()
+    remade, _ = reading_headers(nvjpeg_reads)
+    remade.inherit(decoder)  # a decoder remade larger does not trust them again
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # it warns once
         for _ in range(3):
-            assert decoder._sizes(jpegs, known) == nvjpeg_reads
-    assert read == [0, 1, 2] * 3
+            assert decoder._sizes(jpegs, known) == (nvjpeg_reads, False)
+            assert remade._sizes(jpegs, known) == (nvjpeg_reads, False)
+    assert read == [0, 1, 2] * 3 and not remade.trust_known
 
 
-def segment_at(raw: bytes, marker: int) -> int:
-    """Offset of the first segment with ``marker`` in a JPEG's header (its 0xFF byte), walking the lengths."""
-    at = 2
-    while raw[at + 1] != marker:
-        at += 2 + int.from_bytes(raw[at + 2 : at + 4], "big")
-    return at
-
-
-def patched(raw: bytes, at: int, value: bytes) -> bytes:
-    return raw[:at] + value + raw[at + len(value) :]
-
-
-def without_segment(raw: bytes, marker: int) -> bytes:
-    at = segment_at(raw, marker)
-    return raw[:at] + raw[at + 2 + int.from_bytes(raw[at + 2 : at + 4], "big") :]
-
-
-def with_segment(raw: bytes, marker: int, body: bytes) -> bytes:
-    """``raw`` with one more segment right after the start-of-image marker."""
-    return raw[:2] + bytes([0xFF, marker]) + (len(body) + 2).to_bytes(2, "big") + body + raw[2:]
-
-
-@pytest.mark.parametrize(
-    ("save", "width", "height"),
-    [
-        ({}, 500, 375),  # 4:2:0, PIL's default
-        ({"subsampling": 0}, 301, 199),  # 4:4:4, odd sides
-        ({"subsampling": 1}, 333, 500),  # 4:2:2
-        ({"gray": True}, 80, 64),
-        ({"optimize": True}, 640, 480),  # Huffman tables of the image's own: still baseline
-        ({"restart_marker_blocks": 3}, 120, 90),  # restart intervals
-        ({}, 1, 1),
-    ],
-)
-def test_the_workers_vouch_for_baseline_jpegs_with_the_headers_size(save, width, height):
-    raw = jpeg_of(width, height, 0, **save).numpy().tobytes()
-    assert nvjpeg_batched.hardware_size(raw) == (height, width)
-    assert nvjpeg_batched.hardware_size(bytearray(raw)) == (height, width)
-
-
-def test_the_workers_leave_every_other_jpeg_to_nvjpegs_own_check():
-    raw = jpeg_of(200, 150, 0).numpy().tobytes()
-    sof = segment_at(raw, 0xC0)
-    cmyk = io.BytesIO()
-    Image.new("CMYK", (40, 30)).save(cmyk, "JPEG")
-    unvouched = {
-        "progressive": jpeg_of(200, 150, 0, progressive=True).numpy().tobytes(),
-        "CMYK (4 channels)": cmyk.getvalue(),
-        "4 channels, no Adobe marker": without_segment(cmyk.getvalue(), 0xEE),
-        "extended sequential (SOF1)": patched(raw, sof + 1, b"\xc1"),
-        "12-bit samples": patched(raw, sof + 4, b"\x0c"),
-        "height from a DNL marker (0 in the frame)": patched(raw, sof + 5, b"\x00\x00"),
-        "4:4:0 (luma 1x2)": patched(raw, sof + 11, b"\x12"),
-        "chroma not 1x1": patched(raw, sof + 14, b"\x21"),
-        "16-bit quantization table": patched(raw, segment_at(raw, 0xDB) + 4, b"\x10"),
-        "arithmetic conditioning (DAC)": with_segment(raw, 0xCC, b"\x00\x10"),
-        "Adobe marker: channels not YCbCr": with_segment(raw, 0xEE, b"Adobe\x00\x64\x00\x00\x00\x00\x00"),
-        "a second frame header": raw[:sof] + raw[sof : segment_at(raw, 0xDA)] + raw[sof:],
-        "header cut before the scan": raw[: segment_at(raw, 0xDA)],
-        "cut inside a segment": raw[: sof + 8],
-        "not a JPEG": b"\x89PNG\r\n\x1a\n" + raw[8:],
-        "empty": b"",
-    }
-    for name, data in unvouched.items():
-        assert nvjpeg_batched.hardware_size(data) is None, name
-    adobe_ycbcr = with_segment(raw, 0xEE, b"Adobe\x00\x64\x00\x00\x00\x00\x01")  # transform 1: YCbCr
-    assert nvjpeg_batched.hardware_size(adobe_ycbcr) == (150, 200)
+def test_known_sizes_must_be_what_a_frame_header_can_say():
+    decoder, _ = reading_headers([None])
+    decoder.checked = nvjpeg_batched.CHECKED_SIZES  # trusted from here on
+    jpeg = [torch.zeros(4, dtype=torch.uint8)]
+    assert decoder._sizes(jpeg, [(65535, 1)]) == ([(65535, 1)], True)
+    for bad in [(0, 5), (5, 65536), (5.0, 5), [5, 5], (5, 5, 5), (-1, 5)]:
+        with pytest.raises(ValueError, match=r"JPEG 0: known size .* is not a \(height, width\) of ints from 1"):
+            decoder._sizes(jpeg, [bad])
 
 
 @pytest.mark.gpu
@@ -316,7 +260,7 @@ def variety() -> list[torch.Tensor]:
 @pytest.mark.gpu
 def test_what_the_workers_vouch_for_nvjpegs_hardware_decoder_takes_at_that_size():
     jpegs = variety()
-    read = [nvjpeg_batched.hardware_size(jpeg.numpy().tobytes()) for jpeg in jpegs]
+    read = [jpeg_header.hardware_size(jpeg.numpy().tobytes()) for jpeg in jpegs]
     decoder = BatchedDecoder("cuda", batch_size=len(jpegs), max_height=512, max_width=512)
     try:
         nvjpegs = [decoder._inspect(k, jpeg) for k, jpeg in enumerate(jpegs)]
@@ -332,7 +276,8 @@ def test_what_the_workers_vouch_for_nvjpegs_hardware_decoder_takes_at_that_size(
 @pytest.mark.gpu
 def test_the_sizes_the_workers_read_give_the_same_pixels_without_nvjpegs_header_calls(monkeypatch):
     jpegs = variety()
-    known = [nvjpeg_batched.hardware_size(jpeg.numpy().tobytes()) for jpeg in jpegs]
+    known = [jpeg_header.hardware_size(jpeg.numpy().tobytes()) for jpeg in jpegs]
+    monkeypatch.setattr(nvjpeg_batched, "CHECKED_SIZES", sum(size is not None for size in known))  # one call
     decoder = BatchedDecoder("cuda", batch_size=len(jpegs), max_height=512, max_width=512)
     try:
         theirs = [None if image is None else image.clone() for image in decoder.decode(jpegs)]
@@ -341,14 +286,41 @@ def test_the_sizes_the_workers_read_give_the_same_pixels_without_nvjpegs_header_
         monkeypatch.setattr(decoder, "_inspect", lambda k, jpeg: inspected.append(k) or inspect(k, jpeg))
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # nvJPEG reads the headers as the workers did
-            for _ in range(nvjpeg_batched.CHECKED_CALLS):  # checked against nvJPEG's own reading first
-                decoder.decode(jpegs, known)
-        assert decoder.trust_known and len(inspected) == nvjpeg_batched.CHECKED_CALLS * len(jpegs)
+            decoder.decode(jpegs, known)  # checked against nvJPEG's own reading first
+        assert decoder.trust_known and inspected == list(range(len(jpegs)))
         inspected.clear()
         ours = decoder.decode(jpegs, known)
         assert inspected == [k for k, size in enumerate(known) if size is None]  # the progressive ones only
         for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), k
+    finally:
+        decoder.close()
+
+
+class FailingBatches:
+    """The library, but its batched decode fails with EXECUTION_FAILED."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+
+    def __getattr__(self, name: str) -> object:
+        return (lambda *args: 6) if name == "nvjpegDecodeBatched" else getattr(self.lib, name)
+
+
+@pytest.mark.gpu
+def test_a_failed_batch_with_the_workers_sizes_ends_the_trust(monkeypatch):
+    jpegs = [jpeg_of(64, 48, k) for k in range(4)]
+    known = [jpeg_header.hardware_size(jpeg.numpy().tobytes()) for jpeg in jpegs]
+    decoder = BatchedDecoder("cuda", batch_size=4, max_height=64, max_width=64)
+    try:
+        decoder.checked = nvjpeg_batched.CHECKED_SIZES  # trusted
+        decoder.lib = FailingBatches(decoder.lib)
+        with pytest.warns(UserWarning, match="sizes the loader's workers read failed; nvJPEG reads every header"):
+            with pytest.raises(NvjpegError, match="EXECUTION_FAILED"):
+                decoder.decode(jpegs, known)
+        assert not decoder.trust_known
+        decoder.lib = decoder.lib.lib
+        assert all(image is not None for image in decoder.decode(jpegs, known))  # decodes on, nvJPEG reading
     finally:
         decoder.close()
 
@@ -383,7 +355,7 @@ def test_decode_batch_with_the_preallocated_decoder_gives_torchvisions_crops():
         samples = []
         for seed, (h, w) in enumerate([(375, 500), (400, 300), (333, 500)]):
             data = jpeg_of(w, h, seed, progressive=progressive and seed == 1)
-            known = nvjpeg_batched.hardware_size(data.numpy().tobytes()) if read else None  # as a worker reads it
+            known = jpeg_header.hardware_size(data.numpy().tobytes()) if read else None  # as a worker reads it
             samples.append((Encoded(data, True, (10, 20, h // 2, w // 2), seed % 2 == 0, hardware_size=known), seed))
         return encoded_collate(samples)[0]
 
