@@ -286,7 +286,7 @@ class BatchedDecoder:
             self._inspect(k, jpeg) if size is None else _checked(k, jpeg, size)
             for k, (jpeg, size) in enumerate(zip(jpegs, known, strict=True))
         ]
-        return sizes, True
+        return sizes, any(size is not None for size in known)
 
     def _distrust(self, why: str) -> None:
         self.trust_known = False

@@ -172,6 +172,8 @@ def test_the_workers_sizes_are_checked_against_nvjpegs_at_first_then_trusted(mon
         read.clear()
         assert decoder._sizes(jpegs, sizes) == (sizes, True) and read == [1]  # only the one the workers left
         read.clear()
+        assert decoder._sizes(jpegs, [None] * 3) == (sizes, False) and read == [0, 1, 2]  # none from the workers
+        read.clear()
         assert decoder._sizes(jpegs, None) == (sizes, False) and read == [0, 1, 2]  # no sizes from the workers
 
 
