@@ -140,6 +140,25 @@ def run_train():
     return _run_train
 
 
+@pytest.fixture
+def refused(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
+    """``refused(argv)``: runs ``train.main(argv)`` as ``python train.py`` would, expects it refused as the parser's own
+    errors (exit 2, no traceback) and returns the last line it printed."""
+    import train
+
+    monkeypatch.setattr(sys, "argv", [str(REPO / "train.py")])  # the CLI's arguments are main's, not pytest's
+
+    def run(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        return err.strip().splitlines()[-1]
+
+    return run
+
+
 def _bench_script(name: str) -> ModuleType:
     """``bench/<name>.py`` imported as a module (``bench/`` is a folder of scripts, not a package); its own folder is
     on ``sys.path`` for the helpers the scripts share, as when they run."""

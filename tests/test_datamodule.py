@@ -6,7 +6,6 @@ import json
 import pickle
 import re
 import shutil
-import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -459,17 +458,9 @@ def test_empty_class_folder_fails_in_setup_naming_the_folder(tmp_path: Path, sha
 
 
 def test_bad_roots_fail_through_the_cli_before_training(
-    tmp_path: Path, shapes_root: Path, tiny_args, monkeypatch: pytest.MonkeyPatch, capsys
+    tmp_path: Path, shapes_root: Path, tiny_args, monkeypatch: pytest.MonkeyPatch, refused
 ) -> None:
-    monkeypatch.setattr(sys, "argv", ["train.py"])  # the CLI's arguments are main's, not pytest's
     run = tmp_path / "run"
-
-    def refused(argv: list[str]) -> str:  # as the parser's own errors: exit 2, the message on its last line
-        with pytest.raises(SystemExit) as exit_info:
-            train.main(argv)
-        assert exit_info.value.code == 2
-        return capsys.readouterr().err.strip().splitlines()[-1]
-
     # Missing root: while the CLI links data.num_classes into the model.
     assert f"error: data.root: {tmp_path / 'absent'} does not exist" in refused(
         ["fit", *tiny_args(tmp_path / "absent", run)]

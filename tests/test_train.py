@@ -516,17 +516,7 @@ def test_checkpoint_of_another_arch_is_refused_in_one_line(trained: dict, main, 
     assert "holds a resnet18 and this run asks for model.arch resnet34; pass --model.arch resnet18" in err
 
 
-def refused(main, capsys, argv: list[str]) -> str:
-    """What the CLI printed refusing ``argv`` (exit 2, as the parser's own errors, before anything is built)."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
-
-
-def test_checks_of_the_configuration_are_said_as_the_parsers_errors(trained: dict, main, capsys):
+def test_checks_of_the_configuration_are_said_as_the_parsers_errors(trained: dict, refused):
     args, versions = trained["args"], sorted((trained["run"] / "logs").glob("version_*"))
     for key, value, message in [
         ("data.batch_size", "0", "error: data.batch_size must be >= 1, got 0"),
@@ -535,11 +525,11 @@ def test_checks_of_the_configuration_are_said_as_the_parsers_errors(trained: dic
         ("model.lr", "-1", "error: model.lr must be > 0, got -1.0"),
         ("profile.num_steps", "0", "error: profile.num_steps must be >= 1, got 0"),
     ]:
-        assert refused(main, capsys, ["fit", *args, f"--{key}", value]).startswith(message), key
+        assert refused(["fit", *args, f"--{key}", value]).startswith(message), key
     assert sorted((trained["run"] / "logs").glob("version_*")) == versions  # refused before any run folder
 
 
-def test_checkpoint_paths_that_cannot_be_loaded_are_refused_naming_why(trained: dict, tmp_path: Path, main, capsys):
+def test_checkpoint_paths_that_cannot_be_loaded_are_refused_naming_why(trained: dict, tmp_path: Path, refused):
     args, not_a_checkpoint = trained["args"], tmp_path / "config.yaml"
     not_a_checkpoint.write_text("model: {}\n")
     for path, why in [
@@ -547,14 +537,14 @@ def test_checkpoint_paths_that_cannot_be_loaded_are_refused_naming_why(trained: 
         (tmp_path / "missing.ckpt", "does not exist"),
         (not_a_checkpoint, "is not a checkpoint (a checkpoint is a torch.save zip archive"),
     ]:
-        assert f"--ckpt_path {path} {why}" in refused(main, capsys, ["validate", *args, "--ckpt_path", str(path)])
+        assert f"--ckpt_path {path} {why}" in refused(["validate", *args, "--ckpt_path", str(path)])
     # 'last': Lightning looks in this run's own new version folder; the newest last.ckpt of the run's name is named.
-    said = refused(main, capsys, ["fit", *args, "--ckpt_path", "last"])
+    said = refused(["fit", *args, "--ckpt_path", "last"])
     assert "--ckpt_path last: this run writes into a new version folder of its own" in said
     assert f"the newest here: --ckpt_path {trained['last']}, or fix the folder" in said
 
 
-def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(trained: dict, main, monkeypatch, capsys):
+def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(trained: dict, main, monkeypatch, refused):
     asked = []
     record = lambda self, *args, ckpt_path=None, **kwargs: asked.append(ckpt_path)  # noqa: E731
     monkeypatch.setattr(pl.Trainer, "validate", record)
@@ -564,26 +554,26 @@ def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(traine
     # 'last' where the folder is fixed (a requeued job's usual resume): Lightning finds it there.
     main(["fit", *trained["args"], "--trainer.logger.init_args.version", "fixed", "--ckpt_path", "last"])
     assert asked == ["s3://bucket/run/last.ckpt", "hpc", "registry:my-model:v1", "Registry", "last"]
-    said = refused(main, capsys, ["validate", *trained["args"], "--ckpt_path", "best"])
+    said = refused(["validate", *trained["args"], "--ckpt_path", "best"])
     assert "--ckpt_path best names the best checkpoint of a fit in this same process" in said
 
 
 def test_a_gpu_accelerator_without_a_gpu_is_refused_naming_the_fix(
-    shapes_root: Path, tmp_path: Path, tiny_args, main, capsys
+    shapes_root: Path, tmp_path: Path, tiny_args, refused
 ):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    said = refused(main, capsys, ["fit", *tiny_args(shapes_root, tmp_path, trainer__accelerator="gpu")])
+    said = refused(["fit", *tiny_args(shapes_root, tmp_path, trainer__accelerator="gpu")])
     assert said.startswith("error: trainer.accelerator gpu needs a CUDA GPU") and "--trainer.accelerator cpu" in said
 
 
-def test_version_and_no_predict(main, capsys):
+def test_version_and_no_predict(main, capsys, refused):
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert f"torch {torch.__version__}" in out and "pytorch_lightning" in out
-    assert "invalid choice: 'predict' (choose from 'fit', 'validate', 'test')" in refused(main, capsys, ["predict"])
+    assert "invalid choice: 'predict' (choose from 'fit', 'validate', 'test')" in refused(["predict"])
 
 
 def test_module_refuses_weights_of_another_arch(trained: dict) -> None:
