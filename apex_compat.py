@@ -39,7 +39,15 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 #: First arguments that belong to train.py's own command line.
 _CLI_FIRST = ("--config", "-c", "--help", "-h", "--print_config", "--version")
 #: Option prefixes of train.py's LightningCLI that may follow the original flags and pass through unchanged.
-PASSTHROUGH_PREFIXES = ("--trainer.", "--model.", "--data.", "--profile.", "--checkpoint.")
+PASSTHROUGH_PREFIXES = (
+    "--trainer.",
+    "--model.",
+    "--data.",
+    "--profile.",
+    "--checkpoint.",
+    "--last_checkpoint.",
+    "--preemption.",
+)
 _PASSTHROUGH_NAMES = ("--seed_everything", "--config", "-c")
 #: The original's choices for ``--opt-level``.
 OPT_LEVELS = ("O0", "O1", "O2", "O3")

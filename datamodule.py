@@ -39,7 +39,7 @@ from lightning_fabric.utilities.seed import pl_worker_init_function
 from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchvision import datasets
-from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension, make_dataset
 
 import cpu_decode
 import cuda_env
@@ -196,9 +196,42 @@ def class_folders(folder: str | os.PathLike) -> list[str]:
     return sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
 
 
+def visible_samples(
+    directory: str | os.PathLike,
+    class_to_idx: dict[str, int],
+    extensions: tuple[str, ...] | None = IMG_EXTENSIONS,
+    is_valid_file: Any = None,
+    allow_empty: bool = False,
+) -> list[tuple[str, int]]:
+    """torchvision's ``make_dataset`` without the files under a hidden name below ``directory``: macOS's ``._*``
+    companions of every photo copied from a Mac (not images: each would be a bad image) and the copies in a class's
+    ``.ipynb_checkpoints`` (duplicate samples, in validation too)."""
+    root = Path(directory)
+
+    def valid(path: str) -> bool:
+        if any(part.startswith(".") for part in Path(path).relative_to(root).parts):
+            return False
+        if is_valid_file is not None:
+            return is_valid_file(path)
+        return has_file_allowed_extension(path, extensions or IMG_EXTENSIONS)
+
+    return make_dataset(str(directory), class_to_idx, is_valid_file=valid, allow_empty=allow_empty)
+
+
 class _ImageFolder(datasets.ImageFolder):
     """``ImageFolder`` whose classes are exactly :func:`class_folders` (torchvision's also takes hidden folders,
-    which would shift every label and give one past ``num_classes``)."""
+    which would shift every label and give one past ``num_classes``) and whose samples are :func:`visible_samples`."""
+
+    @staticmethod
+    @override
+    def make_dataset(
+        directory: str | os.PathLike,
+        class_to_idx: dict[str, int],
+        extensions: tuple[str, ...] | None = None,
+        is_valid_file: Any = None,
+        allow_empty: bool = False,
+    ) -> list[tuple[str, int]]:
+        return visible_samples(directory, class_to_idx, extensions, is_valid_file, allow_empty)
 
     @override
     def find_classes(self, directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
@@ -531,6 +564,13 @@ class ImageNetDataModule(pl.LightningDataModule):
             raise ValueError(
                 f"data.root: {folder} holds {len(images)} images for {world} ranks; every rank needs at least one "
                 f"(add validation images or run on at most {len(images)} devices)"
+            )
+        if split == "train" and len(images) // world < self.batch_size:
+            # The sampler gives each rank len // world images and drops the last partial batch: no training step.
+            raise ValueError(
+                f"data.root: {folder} holds {len(images)} images, fewer than one batch of data.batch_size "
+                f"{self.batch_size} for each of {world} rank(s); lower data.batch_size (at most "
+                f"{max(len(images) // world, 1)} here) or add images"
             )
         return BadImagePolicy(images, on_bad_image=self.hparams.on_bad_image)
 

@@ -74,7 +74,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torchvision import transforms
 
-from image_loading import read_plain_jpeg
+from image_loading import MAX_PIXELS, read_plain_jpeg
 from jpeg_header import hardware_size
 
 try:  # one C++ call (no GIL held) that flattens and concatenates a list of tensors, as DDP's bucketing does
@@ -241,7 +241,16 @@ class EncodedSampleLoader:
             return self._finished(path)
         # A JPEG without its end-of-image marker last is truncated (or carries trailing bytes): PIL decodes and judges
         # it, so a truncated file is a BadImageError of its sample, not an nvJPEG error of the whole batch.
-        plain = read_plain_jpeg(path)
+        max_pixels = getattr(self.pil_loader, "max_pixels", MAX_PIXELS)
+        plain = read_plain_jpeg(path, max_pixels)
+        if plain is not None:
+            # The PIL loader's own rules, as decode: cpu applies them: a JPEG over its pixel limit is its to refuse,
+            # and one at least twice as large as any crop needs its to decode at a reduced size (a 16k x 16k photo
+            # would otherwise take 0.8 GB of nvJPEG output and a float copy of its crop on the GPU).
+            width, height = plain[1].size
+            draft = getattr(self.pil_loader, "draft_min_side", None)
+            if width * height > max_pixels or (draft is not None and min(width, height) >= 2 * draft):
+                plain = None
         hardware = None
         if plain is not None:
             raw, header = plain

@@ -146,14 +146,18 @@ def min_decode_side(crop_size: int, min_crop_scale: float, val_resize_size: int)
 def to_rgb(image: Image.Image) -> Image.Image:
     """Converts a decoded image of any mode to 8-bit RGB (see the module docstring for the rules)."""
     mode = image.mode
-    if mode == "RGB":
+    transparent = image.info.get("transparency")  # tRNS: a palette's alphas, or the one colour that is transparent
+    if mode == "RGB" and transparent is None:
         return image
     if mode in _SIXTEEN_BIT_MODES:
         # np.asarray honours the byte order of I;16B/I;16L; int64 keeps the arithmetic clear of overflow.
-        values = np.clip(np.asarray(image).astype(np.int64), 0, 65535)
-        gray = ((values * 255 + 32767) // 65535).astype(np.uint8)
-        return Image.fromarray(gray, "L").convert("RGB")
-    if mode in _ALPHA_MODES or "transparency" in image.info:
+        values = np.asarray(image).astype(np.int64)
+        gray = ((np.clip(values, 0, 65535) * 255 + 32767) // 65535).astype(np.uint8)
+        rgb = np.repeat(gray[:, :, None], 3, axis=2)
+        if isinstance(transparent, int):  # PIL's convert("RGBA") would drop a 16-bit tRNS value: done here
+            rgb[values == transparent] = BACKGROUND
+        return Image.fromarray(rgb, "RGB")
+    if mode in _ALPHA_MODES or transparent is not None:
         # convert("RGBA") resolves palette and tRNS transparency into a real alpha channel first.
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (*BACKGROUND, 255))

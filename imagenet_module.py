@@ -228,6 +228,12 @@ class ImageNetClassifier(pl.LightningModule):
         self._interval_start: float | None = None
         self._interval_step = 0
         self._last_global_step = -1
+        # The LR schedule's units: this run's optimizer steps per epoch (set in configure_optimizers), the restored
+        # checkpoint's (None: no checkpoint, or one from before they were saved), and whether this run maps the
+        # schedule onto its epochs at each epoch's start (after a resume in other units).
+        self._steps_per_epoch: int | None = None
+        self._saved_steps_per_epoch: int | None = None
+        self._align_at_epoch_start = False
 
     # --- model ----------------------------------------------------------------------------------------
     @override
@@ -242,6 +248,17 @@ class ImageNetClassifier(pl.LightningModule):
                 f"--ckpt_path {path} holds {theirs[0]} with {theirs[1]} classes, this run builds {mine[0]} with "
                 f"{mine[1]} classes; pass --model.arch {theirs[0]} (and the data it was trained on)"
             )
+        self._saved_steps_per_epoch = checkpoint.get("lr_schedule_units", {}).get("steps_per_epoch")
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The scheduler's step count is in this run's optimizer steps: a resume on other ranks, with another batch
+        # size or accumulation, or another limit_train_batches, has epochs of another length (on_train_start).
+        if self._steps_per_epoch is not None:
+            checkpoint["lr_schedule_units"] = {
+                "steps_per_epoch": self._steps_per_epoch,
+                "global_batch": self.global_batch_size(),
+            }
 
     @override
     def configure_model(self) -> None:
@@ -297,7 +314,7 @@ class ImageNetClassifier(pl.LightningModule):
             nesterov=h.nesterov,
             fused=True if fused else None,  # not False: with an explicit False torch runs its per-tensor loop
         )
-        steps_per_epoch = self.steps_per_epoch()
+        steps_per_epoch = self._steps_per_epoch = self.steps_per_epoch()
         max_epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 90
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
@@ -345,6 +362,65 @@ class ImageNetClassifier(pl.LightningModule):
                     state = optimizer.state[param]
                     if state.get("momentum_buffer") is None:
                         state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        self._align_lr_schedule()
+
+    def _lr_scheduler(self) -> torch.optim.lr_scheduler.LambdaLR | None:
+        configs = self.trainer.lr_scheduler_configs
+        scheduler = configs[0].scheduler if configs else None
+        return scheduler if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR) else None
+
+    def _align_lr_schedule(self) -> None:
+        """After a restore, the learning rate of this run's configuration at the checkpoint's point in training.
+
+        Lightning restores the scheduler as the checkpoint's run left it: its base rate scaled to that run's global
+        batch and its step count in that run's steps. A job requeued on half the GPUs (or with another
+        ``data.batch_size``, accumulation or ``limit_train_batches``, or another ``model.lr``) would otherwise train at
+        the old base rate and reach each milestone epoch at the old step count: twice as many epochs late on half the
+        GPUs, at ten times the rate it should have. A resume in the same units changes nothing (bit-exact resumes).
+        """
+        scheduler = self._lr_scheduler()
+        if scheduler is None:
+            return
+        h = self.hparams
+        base = h.lr * self.global_batch_size() / 256
+        changes = []
+        if not all(math.isclose(old, base, rel_tol=1e-9) for old in scheduler.base_lrs):
+            changes.append(
+                f"base rate {scheduler.base_lrs[0]:.6g} -> {base:.6g} (model.lr {h.lr} x global batch "
+                f"{self.global_batch_size()} / 256)"
+            )
+            scheduler.base_lrs = [base] * len(scheduler.base_lrs)
+            for group in scheduler.optimizer.param_groups:
+                group["initial_lr"] = base
+        saved, steps_per_epoch = self._saved_steps_per_epoch, self._steps_per_epoch
+        self._align_at_epoch_start = bool(saved and steps_per_epoch and saved != steps_per_epoch)
+        if self._align_at_epoch_start:
+            # In the middle of an epoch, the same fraction of it; from the next epoch on, its start (Lightning runs
+            # the rest of this one from the batch count it restored, whose length in this run's batches differs).
+            epoch, into = divmod(scheduler.last_epoch, saved)
+            step = epoch * steps_per_epoch + min(round(into * steps_per_epoch / saved), steps_per_epoch)
+            changes.append(
+                f"schedule step {scheduler.last_epoch} of {saved}-step epochs -> {step} of "
+                f"{steps_per_epoch}-step epochs"
+            )
+            scheduler.last_epoch = step
+        if changes:
+            self._set_learning_rates(scheduler)
+            rank_zero_info(
+                f"resuming in other units than the checkpoint's run: {'; '.join(changes)}; the learning rate is now "
+                f"{scheduler.optimizer.param_groups[0]['lr']:.6g}"
+            )
+
+    @staticmethod
+    def _set_learning_rates(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+        """The optimizer's rates for the scheduler's current step (what its ``step`` would have set)."""
+        rates = [
+            base * rule(scheduler.last_epoch)
+            for base, rule in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+        ]
+        for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
+        scheduler._last_lr = rates
 
     # --- steps ----------------------------------------------------------------------------------------
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
@@ -424,6 +500,14 @@ class ImageNetClassifier(pl.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._sums[3:].zero_()
         self._epoch_images = 0
+        scheduler = self._lr_scheduler()
+        if self._align_at_epoch_start and scheduler is not None and self._steps_per_epoch:
+            # After a resume in other units: each epoch starts at its own step of the schedule, so the milestones fall
+            # on their epochs (a no-op from the second epoch on, unless the epoch's length changes again).
+            step = self.trainer.current_epoch * self._steps_per_epoch
+            if scheduler.last_epoch != step:
+                scheduler.last_epoch = step
+                self._set_learning_rates(scheduler)
 
     @override
     def on_train_epoch_end(self) -> None:

@@ -409,18 +409,22 @@ def build_checkpoint(legacy: LegacyCheckpoint, model: Any, datamodule: Any, trai
 
 # --- the conversion entry point ------------------------------------------------------------------------
 def instantiation_args(cli_argv: Sequence[str]) -> list[str]:
-    """``cli_argv`` without the subcommand and ``--ckpt_path``: the arguments LightningCLI takes with ``run=False``."""
+    """``cli_argv`` without the subcommand, ``--ckpt_path`` and the logger's options: the arguments LightningCLI takes
+    with ``run=False`` and no logger (the logger decides nothing about the run's steps, and a ``--trainer.logger.*``
+    key would not parse without one)."""
     args = list(cli_argv)
     if args and args[0] in _SUBCOMMANDS:
         args = args[1:]
     out: list[str] = []
     skip = False
     for token in args:
+        name = token.split("=", 1)[0]
+        left_out = name == "--ckpt_path" or name == "--trainer.logger" or name.startswith("--trainer.logger.")
         if skip:
             skip = False
-        elif token == "--ckpt_path":
-            skip = True
-        elif not token.startswith("--ckpt_path="):
+        elif left_out:
+            skip = "=" not in token  # its value is the next word
+        else:
             out.append(token)
     return out
 

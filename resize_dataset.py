@@ -49,9 +49,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from PIL import Image
-from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
-from datamodule import RESIZE_MANIFEST, class_folders, read_resize_manifest
+from datamodule import RESIZE_MANIFEST, class_folders, read_resize_manifest, visible_samples
 from image_loading import MAX_PIXELS, BadImageError, load_rgb
 
 # The training loader raises PIL's process-wide limit to its own before opening a file; the header read here comes
@@ -60,6 +59,8 @@ if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < MAX_PIXELS:
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS
 
 MANIFEST = RESIZE_MANIFEST
+#: The longest side libjpeg writes (PIL refuses to save a JPEG with a longer one).
+JPEG_MAX_SIDE = 65500
 LOCK = ".resize_dataset.lock"
 SPLITS = ("train", "val")
 #: PIL orientation tag; anything but 1 (or none) means the stored pixels are not upright.
@@ -67,20 +68,21 @@ _ORIENTATION = 0x0112
 
 
 def image_files(root: Path, splits: Sequence[str] = SPLITS) -> Iterator[Path]:
-    """Every image of ``root``'s splits as the app's dataset finds them (torchvision's ``make_dataset`` over the
+    """Every image of ``root``'s splits as the app's dataset finds them (:func:`datamodule.visible_samples` over the
     visible class folders), relative to ``root``, in a fixed order."""
     for split in splits:
         folder = root / split
         if not folder.is_dir():
             continue
         classes = {name: i for i, name in enumerate(class_folders(folder))}
-        for path, _ in make_dataset(str(folder), classes, extensions=IMG_EXTENSIONS, allow_empty=True):
+        for path, _ in visible_samples(folder, classes, allow_empty=True):
             yield Path(path).relative_to(root)
 
 
 def resize_one(source: Path, target: Path, short_side: int, quality: int) -> str:
     """Writes ``source``'s image with its short side at most ``short_side`` to ``target`` (atomically) and says what
-    it did: ``kept`` (already there), ``copied`` (byte for byte), ``resized``, ``re-encoded`` or ``unreadable``."""
+    it did: ``kept`` (already there), ``copied`` (byte for byte), ``resized``, ``re-encoded``, ``unreadable`` (copied
+    byte for byte) or ``too wide for JPEG`` (a side over 65,500 pixels after the resize: copied byte for byte)."""
     if target.exists():
         return "kept"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -116,6 +118,10 @@ def _write(source: Path, partial: Path, short_side: int, quality: int) -> str:
         size = (max(1, round(width * scale)), max(1, round(height * scale)))
         image = image.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
         outcome = "resized"
+    if max(image.size) > JPEG_MAX_SIDE:
+        # A panorama the training loader takes (up to MAX_PIXELS) but no JPEG can hold: the original goes.
+        shutil.copyfile(source, partial)
+        return "too wide for JPEG"
     image.save(partial, "JPEG", quality=quality)
     return outcome
 
@@ -195,6 +201,7 @@ def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: in
     chunks = [(str(src), str(dst), names[i : i + chunk], short_side, quality) for i in range(0, len(names), chunk)]
     counts: Counter = Counter()
     unreadable: list[str] = []
+    too_wide: list[str] = []
     start, done = time.perf_counter(), 0
     if workers > 1:
         pool = ProcessPoolExecutor(workers)
@@ -207,6 +214,8 @@ def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: in
                 counts[outcome] += 1
                 if outcome == "unreadable":
                     unreadable.append(name)
+                elif outcome == "too wide for JPEG":
+                    too_wide.append(name)
             done += len(result)
             if done % (chunk * 50) < len(result) or done == len(names):
                 rate = done / max(time.perf_counter() - start, 1e-9)
@@ -214,9 +223,13 @@ def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: in
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    if unreadable:
-        listed = ", ".join(unreadable[:10]) + (f" and {len(unreadable) - 10} more" if len(unreadable) > 10 else "")
-        print(f"resize_dataset: {len(unreadable)} file(s) PIL could not read were copied unchanged: {listed}")
+    for names, what in (
+        (unreadable, "PIL could not read"),
+        (too_wide, "with a side over 65,500 pixels (no JPEG holds them)"),
+    ):
+        if names:
+            listed = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+            print(f"resize_dataset: {len(names)} file(s) {what} were copied unchanged: {listed}")
     return counts
 
 
@@ -244,7 +257,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     counts = resize_folder(a.src, a.dst, a.short_side, a.quality, a.workers)
     total = sum(counts.values())
     summary = ", ".join(
-        f"{counts[k]} {k}" for k in ("resized", "re-encoded", "copied", "kept", "unreadable") if counts[k]
+        f"{counts[k]} {k}"
+        for k in ("resized", "re-encoded", "copied", "kept", "unreadable", "too wide for JPEG")
+        if counts[k]
     )
     print(f"resize_dataset: {total} files in {time.perf_counter() - start:.1f} s ({summary or 'none'}) -> {a.dst}")
     # PIL in the workers, not the GPU decode path: on the small files they keep up, and the GPU path's host work in the

@@ -161,9 +161,16 @@ def generate(
             "seed": seed,
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if root.exists():
-            root.rmdir()  # empty (checked above); rename cannot replace a directory
-        os.replace(staging, root)
+        try:
+            if root.exists():
+                root.rmdir()  # empty (checked above); rename cannot replace a directory
+            os.replace(staging, root)
+        except OSError:
+            # Another process drew the same dataset at the same time (two runs started together, or one per node
+            # on a shared file system) and published it first: theirs is as good as ours.
+            if not is_complete(root):
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -13,6 +13,7 @@ Every option lives in the config and can be overridden on the command line (``--
 
 from __future__ import annotations
 
+import re
 import sys
 import zipfile
 from importlib import metadata
@@ -24,7 +25,7 @@ import torch
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.plugins.io import TorchCheckpointIO
-from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
 import apex_compat
 import cuda_env
@@ -132,7 +133,46 @@ class ImageNetCLI(LightningCLI):
                     f"--ckpt_path {ckpt_path} holds a {saved['arch']} and this run asks for model.arch {asked}; "
                     f"pass --model.arch {saved['arch']} (or a {asked} checkpoint)"
                 )
+        before = self.config[subcommand].model.clone()
         super()._parse_ckpt_path()
+        self._settle_model_options(subcommand, before)
+
+    def _settle_model_options(self, subcommand: str, before: Any) -> None:
+        """After LightningCLI put the checkpoint's model options over the configuration's: the command line's own
+        ``--model.KEY`` values win back (a resume that changes ``model.lr`` or ``model.lr_milestones`` gets them), the
+        configuration file's are the checkpoint's (the run goes on as it was started), and ``model.weights`` is not
+        read (the checkpoint's weights replace them; the file may be gone)."""
+        model = self.config[subcommand].model
+        given = self._model_keys_on_the_command_line()
+        notes = []
+        for key in sorted(given):
+            if key in before and model.get(key) != before[key]:
+                notes.append(f"model.{key} {before[key]!r} from the command line (the checkpoint's: {model[key]!r})")
+                model[key] = before[key]
+        # batch_size and num_classes follow the data module's (links); arch was checked before.
+        for key in sorted(set(before.keys()) - given - {"batch_size", "num_classes", "weights", "arch"}):
+            if model.get(key) != before[key]:
+                notes.append(f"model.{key} {model[key]!r} from the checkpoint (the configuration's: {before[key]!r})")
+        if model.get("weights"):
+            notes.append(f"model.weights {model.weights} not read (the checkpoint's weights replace them)")
+            model.weights = None
+        if notes:
+            rank_zero_info("--ckpt_path: " + "; ".join(notes))
+
+    def _model_keys_on_the_command_line(self) -> set[str]:
+        """The ``model`` options written on the command line itself (``--model.lr 0.2``, ``--model.lr=0.2``,
+        ``--model.lr_milestones+=100``), not those of a ``--config`` file."""
+        keys = set()
+        for word in self._argv:
+            if word.startswith("--model."):
+                keys.add(re.split(r"[.=+]", word[len("--model.") :], maxsplit=1)[0])
+        return keys
+
+    def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 (LightningCLI's signature)
+        # Kept for _parse_ckpt_path: which model options the command line itself gives.
+        words = sys.argv[1:] if args is None else args
+        self._argv = [] if hasattr(words, "keys") else [str(word) for word in words]
+        super().parse_arguments(parser, args)
 
     def _logger_args(self) -> Any:
         logger = self.config[self.config["subcommand"]].trainer.get("logger")
@@ -143,7 +183,9 @@ class ImageNetCLI(LightningCLI):
         ``--ckpt_path last`` can find nothing: no fixed logger version and no checkpoint dirpath."""
         config = self.config[self.config["subcommand"]]
         fixed = config.get("last_checkpoint", {}).get("dirpath") or config.get("checkpoint", {}).get("dirpath")
-        return not fixed and self._logger_args().get("version") is None
+        # Without a logger, Lightning's checkpoints go to the fixed <default_root_dir>/checkpoints.
+        no_logger = config.trainer.get("logger") is False or config.trainer.get("logger") == []
+        return not fixed and not no_logger and self._logger_args().get("version") is None
 
     def _no_last_checkpoint(self) -> str:
         """Why ``--ckpt_path last`` finds nothing here, and the newest last.ckpt of this run's name, if any."""

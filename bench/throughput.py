@@ -228,7 +228,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--variants", default="raw,app_synthetic,app_nvtx")
     p.add_argument("--gpus", default="1", help="comma-separated GPU counts to run every variant on, e.g. 1,2")
     p.add_argument("--launcher", default="lightning", choices=["lightning", "torchrun"], help="app under DDP")
-    p.add_argument("--raw-loop", default=str(ROOT / ".carry" / "raw_loop.py"))
+    p.add_argument(
+        "--raw-loop",
+        default=str(ROOT / ".carry" / "raw_loop.py"),
+        help="the plain PyTorch loop of the raw variant (not shipped: the lab's reference loop, which "
+        "../shared/device/prepare.sh puts in .carry/; default %(default)s)",
+    )
     p.add_argument(
         "--inductor",
         action="append",
@@ -247,6 +252,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(error))
     if a.inductor and not a.compile:
         p.error("--inductor sets torch.compile's inductor options: add --compile")
+    if a.child == "raw" and not Path(a.raw_loop).is_file():  # the parent prints the child's stderr
+        p.error(
+            f"--raw-loop {a.raw_loop} does not exist: the raw variant runs a plain PyTorch loop that this repository "
+            "does not ship; pass its path with --raw-loop, or leave raw out of --variants"
+        )
     return a
 
 

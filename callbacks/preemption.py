@@ -155,7 +155,7 @@ class PreemptionHandler(Callback):
         self._shadowed: list[tuple[Any, str]] = []  # (object, attribute) of Lightning internals turned off
         self._group: Any = None  # the gloo process group of the flag exchange under DDP
         self._pending: tuple[Any, torch.Tensor] | None = None  # exchange started at the last check
-        self._last_step = -1
+        self._step_before_batch: int | None = None  # global_step when the current training batch started
         self._owns_sigterm = False  # whether Lightning's SIGTERM notifier calls our handler instead
 
     # --- the signal handler ---------------------------------------------------------------------------
@@ -198,7 +198,7 @@ class PreemptionHandler(Callback):
         if stage != "fit":
             return
         self.exit_code = self.stopped_at_step = self.checkpoint_path = None
-        self._signum, self._announced, self._pending, self._last_step = 0, False, None, -1
+        self._signum, self._announced, self._pending, self._step_before_batch = 0, False, None, None
         if threading.current_thread() is not threading.main_thread():
             rank_zero_warn("PreemptionHandler: fit does not run in the main thread, where signals are handled")
         # Lightning installs its signal handlers after setup and restores the ones it found at teardown, also after
@@ -233,13 +233,21 @@ class PreemptionHandler(Callback):
         self._install_handlers()  # the first hook after Lightning registered its handlers without sanity check
 
     @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._step_before_batch = trainer.global_step
+
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if step == self._last_step:
-            return  # still accumulating gradients: not an optimizer-step boundary
-        self._last_step = step
+        if step == self._step_before_batch:
+            # Still accumulating gradients: not an optimizer-step boundary. Judged by this batch alone (not by the
+            # last batch end seen), so the first micro-batch after a start or a resume does not count as one either:
+            # a checkpoint there would lose its gradient.
+            return
         if self._signum and not self._announced:
             self._announced = True
             # Printed here, not in the handler: a handler that writes to a stream it interrupted can fail.

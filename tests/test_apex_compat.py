@@ -254,6 +254,18 @@ def test_passthrough_order_and_config_first() -> None:
     assert options(argv)["--data.batch_size"] == "2"  # -b2: a short flag with its value attached, last one wins
 
 
+def test_every_section_of_the_cli_passes_through() -> None:
+    keys = ["--last_checkpoint.every_n_train_steps", "--preemption.check_every_n_steps", "--checkpoint.save_top_k"]
+    argv, _ = apex_compat.translate([*shlex.split("-b 8 ./"), *(token for key in keys for token in (key, "2"))], {})
+    assert all(key in argv for key in keys)
+
+
+def test_instantiation_args_leave_out_the_checkpoint_and_the_logger() -> None:
+    argv = ["fit", "--data.root", "d", "--ckpt_path", "x.ckpt", "--trainer.logger.init_args.version", "v"]
+    argv += ["--trainer.logger=false", "--ckpt_path=y.ckpt", "--trainer.logger", "true", "--trainer.max_steps", "5"]
+    assert legacy_checkpoint.instantiation_args(argv) == ["--data.root", "d", "--trainer.max_steps", "5"]
+
+
 def test_evaluate_is_validate() -> None:
     argv, notes = apex_compat.translate(shlex.split("-e --prof 3 ./"), environ={})
     assert argv[0] == "validate"
@@ -432,11 +444,18 @@ def test_is_legacy_checkpoint(tmp_path: Path) -> None:
 def test_fit_resumes_a_main_amp_checkpoint(tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     legacy = write_legacy(tmp_path / "checkpoint.pth.tar", epoch=1)
+    # A requeued job's options after the original flags: a fixed run folder (the logger's keys) and a last.ckpt every
+    # 5 steps. The conversion builds the run without a logger and leaves the logger's keys out.
+    assert CPU[-2:] == ["--trainer.logger", "false"]
     argv = [
         "-a", "resnet18", "--b", "8", "-j", "0", "--epochs", "2", "--resume", str(tmp_path / "checkpoint.pth.tar"),
-        str(data_root), *CPU, "--checkpoint.dirpath", str(tmp_path / "ckpts"),
+        str(data_root), *CPU[:-2], "--checkpoint.dirpath", str(tmp_path / "ckpts"),
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "logs"), "--trainer.logger.init_args.version", "requeued",
+        "--last_checkpoint.every_n_train_steps", "5",
     ]  # fmt: skip
     cli = cpu_run(argv)
+    last = tmp_path / "logs" / "lightning_logs" / "requeued" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 10
 
     converted = tmp_path / "checkpoint.lightning.ckpt"
     checkpoint = torch.load(converted, weights_only=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 import shutil
@@ -114,14 +115,32 @@ def test_shard_sampler_covers_every_index_once_without_padding(length: int, repl
 def test_a_val_split_smaller_than_the_world_is_refused_on_every_rank(shapes_root: Path) -> None:
     images = sizes(shapes_root)[1]
     for rank in (0, images):  # the first and the last rank of one image too many: the same refusal, in setup
-        dm = small_dm(shapes_root)
+        dm = small_dm(shapes_root, batch_size=1)
         dm.trainer = fake_trainer(world_size=images + 1, rank=rank)
         for stage in ("fit", "validate"):
             with pytest.raises(ValueError, match=rf"holds {images} images for {images + 1} ranks; every rank needs"):
                 dm.setup(stage)
+    dm = small_dm(shapes_root, batch_size=1)
     dm.trainer = fake_trainer(world_size=images, rank=images - 1)  # one image each: fine
     dm.setup("fit")
     assert len(dm.val_dataloader().sampler) == 1
+
+
+def test_a_train_split_without_one_batch_per_rank_is_refused_naming_the_folder(shapes_root: Path) -> None:
+    images = sizes(shapes_root)[0]
+    dm = small_dm(shapes_root, batch_size=images // 2 + 1)
+    dm.trainer = fake_trainer(world_size=2, rank=1)
+    folder = shapes_root / "train"
+    with pytest.raises(
+        ValueError,
+        match=rf"data.root: {re.escape(str(folder))} holds {images} images, fewer than one "
+        rf"batch of data.batch_size {images // 2 + 1} for each of 2 rank\(s\); lower data.batch_size",
+    ):
+        dm.setup("fit")
+    dm = small_dm(shapes_root, batch_size=images // 2)  # exactly one batch each
+    dm.trainer = fake_trainer(world_size=2, rank=1)
+    dm.setup("fit")
+    assert len(dm.train_dataloader()) == 1
 
 
 def test_train_loader_uses_distributed_sampler_whose_epoch_is_set_through_the_prefetcher(shapes_root: Path) -> None:
@@ -355,21 +374,26 @@ def test_synthetic_source_needs_no_files(tmp_path: Path) -> None:
     assert images.shape == (4, 3, 16, 16) and int(targets.max()) < 7
 
 
-def test_hidden_folders_are_no_classes(shapes_root: Path, tmp_path: Path) -> None:
-    # A Jupyter checkpoint folder (hidden) inside each split: must neither count as a class nor shift the labels.
+def test_hidden_folders_and_files_are_neither_classes_nor_samples(shapes_root: Path, tmp_path: Path) -> None:
+    # A Jupyter checkpoint folder (hidden) inside each split and inside a class, and macOS's "._" companion of a
+    # photo (not an image): no class, no label shift, no duplicate sample, no bad image.
     root = tmp_path / "data"
     for split in ("train", "val"):
         for name in ("circle", "square"):
             shutil.copytree(shapes_root / split / name, root / split / name)
-        hidden = root / split / ".ipynb_checkpoints"
-        hidden.mkdir()
-        shutil.copy(next((shapes_root / split / "circle").iterdir()), hidden / "copy.JPEG")
+        first = sorted((root / split / "circle").iterdir())[0]
+        for hidden in (root / split / ".ipynb_checkpoints", root / split / "circle" / ".ipynb_checkpoints"):
+            hidden.mkdir()
+            shutil.copy(first, hidden / "copy.JPEG")
+        (root / split / "square" / f"._{first.name}").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X")
     dm = small_dm(root)
     assert dm.classes == ["circle", "square"]
     dm.setup("fit")
-    assert dm.train_set.classes == ["circle", "square"]
-    assert sorted(set(dm.train_set.targets)) == [0, 1]
-    assert sorted(set(dm.val_set.targets)) == [0, 1]
+    for split, images in (("train", dm.train_set), ("val", dm.val_set)):
+        visible = sorted(str(p) for p in (root / split).glob("[!.]*/[!.]*.JPEG"))
+        assert sorted(path for path, _ in images.samples) == visible
+        assert images.classes == ["circle", "square"]
+        assert sorted(set(images.targets)) == [0, 1]
 
 
 def test_generated_source_draws_the_dataset_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -391,6 +415,36 @@ def test_generated_source_draws_the_dataset_once(tmp_path: Path, monkeypatch: py
     dm.setup("fit")
     assert calls == [3]
     assert len(dm.train_set) == 2 * NUM_CLASSES and dm.train_set.classes == list(shapes_dataset.CLASSES)
+
+
+def test_a_dataset_drawn_by_another_process_meanwhile_is_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two runs (or two nodes on a shared file system) draw the dataset at once: the other one publishes first, ours
+    # then finds the folder taken and keeps theirs (before: "Directory not empty" and a failed start).
+    import shapes_dataset
+
+    root, real_replace = tmp_path / "shapes", os.replace
+    small = {"train_per_class": 2, "val_per_class": 1, "image_size": 16}
+
+    def the_other_process_first(source: Path, target: Path) -> None:
+        monkeypatch.setattr(shapes_dataset.os, "replace", real_replace)
+        shapes_dataset.generate(root, **small)
+        real_replace(source, target)
+
+    monkeypatch.setattr(shapes_dataset.os, "replace", the_other_process_first)
+    assert shapes_dataset.generate(root, **small) == root
+    assert shapes_dataset.is_complete(root)
+    assert [p.name for p in tmp_path.iterdir()] == ["shapes"]  # our staging folder is gone
+
+    # A folder that something else filled meanwhile, without a dataset in it, is still an error.
+    def something_else_first(source: Path, target: Path) -> None:
+        target.mkdir()
+        (target / "notes.txt").touch()
+        real_replace(source, target)
+
+    monkeypatch.setattr(shapes_dataset.os, "replace", something_else_first)
+    with pytest.raises(OSError):
+        shapes_dataset.generate(tmp_path / "taken", **small)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shapes", "taken"]
 
 
 # --- bad roots ---------------------------------------------------------------------------------------------------
@@ -472,7 +526,7 @@ def test_bad_roots_fail_through_the_cli_before_training(
     root = make_layout(tmp_path / "empty", ["a", "b"], ["a", "b"], source=shapes_root)
     (root / "val" / "b" / "a.JPEG").unlink()
     with pytest.raises(FileNotFoundError, match=re.escape(f"every class folder under {root / 'val'}")):
-        train.main(["fit", *tiny_args(root, run)])
+        train.main(["fit", *tiny_args(root, run, data__batch_size=2)])
     assert not list(run.rglob("*.ckpt"))
     assert not list(run.rglob("metrics.csv"))
 

@@ -101,6 +101,18 @@ def test_pils_limit_is_raised_before_the_worker_reads_a_header(files, monkeypatc
     assert Image.MAX_IMAGE_PIXELS == image_loading.MAX_PIXELS
 
 
+def test_jpegs_the_pil_loader_would_reduce_or_refuse_are_its_to_decode(files):
+    # 300 x 200: with a reduced-size decode from a short side of 80 on, PIL decodes it at a quarter (75 x 50), as
+    # decode: cpu does, instead of nvJPEG at full size; over the loader's pixel limit it is refused naming the file.
+    drafted = EncodedSampleLoader(True, 64, 0.08, 73, image_loading.ImageLoader(draft_min_side=40))(str(files["jpeg"]))
+    assert not drafted.encoded and tuple(drafted.data.shape) == (3, 50, 75)
+    full = EncodedSampleLoader(True, 64, 0.08, 73, image_loading.ImageLoader(draft_min_side=101))(str(files["jpeg"]))
+    assert full.encoded
+    small_limit = image_loading.ImageLoader(max_pixels=300 * 200 - 1)
+    with pytest.raises(image_loading.BadImageError, match=r"a\.JPEG"):
+        EncodedSampleLoader(True, 64, 0.08, 73, small_limit)(str(files["jpeg"]))
+
+
 def test_train_boxes_fit_the_image_and_follow_the_seed(files):
     loader = EncodedSampleLoader(True, 64, 0.25, 73, load_rgb)
     torch.manual_seed(0)

@@ -140,6 +140,26 @@ def test_palette_png_with_and_without_transparency(tmp_path: Path) -> None:
     assert values.tolist() == [[255, 255, 255], [200, 100, 50], [200, 100, 50]]
 
 
+@pytest.mark.parametrize("kind", ["rgb", "gray", "gray16"])
+def test_one_transparent_colour_is_composited_on_white(tmp_path: Path, kind: str) -> None:
+    # tRNS with a single colour (no alpha channel): pixels of that colour are transparent in RGB, 8-bit and 16-bit
+    # gray PNGs alike; the others keep their values.
+    path = tmp_path / f"{kind}.png"
+    if kind == "rgb":
+        array = np.array([[[0, 0, 0], [200, 10, 10]]], dtype=np.uint8)
+        Image.fromarray(array, "RGB").save(path, transparency=(0, 0, 0))
+        kept = [200, 10, 10]
+    elif kind == "gray":
+        Image.fromarray(np.array([[0, 200]], dtype=np.uint8), "L").save(path, transparency=0)
+        kept = [200] * 3
+    else:
+        Image.fromarray(np.array([[0, 50000]], dtype=np.uint16)).save(path, transparency=0)
+        assert Image.open(path).mode.startswith("I;16")
+        kept = [195] * 3  # 50000 of 65535, on the 8-bit scale
+    assert "transparency" in Image.open(path).info
+    assert pixels(load_rgb(str(path)))[0].tolist() == [[255, 255, 255], kept]
+
+
 def test_16bit_grayscale_png_is_scaled_not_clipped(tmp_path: Path) -> None:
     values16 = np.array([[0, 257, 32768, 65535, 1000]], dtype=np.uint16)
     path = tmp_path / "gray16.png"

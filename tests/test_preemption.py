@@ -152,6 +152,33 @@ def test_stops_only_on_optimizer_step_boundaries(tmp_path: Path) -> None:
     assert processed == 6  # the end of the second window, not the batch the signal came in
 
 
+class SignalBeforeTheFirstBatchEnds(Callback):
+    """Sends ``signum`` to this process at the start of the fit's first training batch (a scheduler's signal that
+    came during start-up or the first micro-batch)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.sent = False
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signum)
+
+
+def test_a_signal_before_the_first_micro_batch_ends_stops_at_the_first_optimizer_step(tmp_path: Path) -> None:
+    handler = PreemptionHandler()
+    trainer = tiny_trainer(
+        tmp_path, [handler, SignalBeforeTheFirstBatchEnds(signal.SIGTERM)], accumulate_grad_batches=3
+    )
+    with pytest.raises(PreemptedExit):
+        trainer.fit(Tiny())
+    saved = load(tmp_path / "checkpoints" / "last.ckpt")
+    # The end of the first window of three micro-batches, where step 1 is done (not after micro-batch 1, at step 0).
+    assert saved["global_step"] == handler.stopped_at_step == 1
+    assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["processed"] == 3
+
+
 def test_run_without_signal_finishes_normally_and_restores_everything(tmp_path: Path) -> None:
     original = signal.getsignal(signal.SIGTERM)
     handler = PreemptionHandler()
@@ -387,6 +414,7 @@ def check_boundary_checkpoint(path: Path, step: int) -> None:
     assert list(path.parent.glob(".*.tmp")) == []
 
 
+@pytest.mark.slow
 def test_sigterm_single_process_saves_exits_143_and_resumes(runs, data_root: Path, tmp_path: Path) -> None:
     run = runs("single")
     (ready,) = run.wait_for("ready_rank0.json")
@@ -408,6 +436,7 @@ def test_sigterm_single_process_saves_exits_143_and_resumes(runs, data_root: Pat
     assert trainer.global_step == stop["step"] + 2
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_ddp_rank_stops_both_at_the_same_step(runs) -> None:
     run = runs("ddp", "--devices", "2")
     ready = run.wait_for("ready_rank0.json", "ready_rank1.json")
@@ -424,6 +453,7 @@ def test_sigterm_to_one_ddp_rank_stops_both_at_the_same_step(runs) -> None:
     check_boundary_checkpoint(run.out / "checkpoints" / "last.ckpt", stops[0]["step"])
 
 
+@pytest.mark.slow
 def test_ddp_run_without_signal_finishes_with_status_0(runs) -> None:
     # The common path: the flag is exchanged every step, across an epoch end and its validation, and the last
     # exchange is waited for and the gloo group taken down at teardown.
@@ -433,6 +463,7 @@ def test_ddp_run_without_signal_finishes_with_status_0(runs) -> None:
     assert list(run.out.glob("stop_rank*.json")) == []
 
 
+@pytest.mark.slow
 def test_dead_ddp_rank_makes_the_other_exit_with_an_error(runs) -> None:
     run = runs("dead", "--devices", "2", "--die-rank", "1", "--die-step", "3", "--die-mode", "exit")
     status = run.wait(90)
@@ -443,6 +474,7 @@ def test_dead_ddp_rank_makes_the_other_exit_with_an_error(runs) -> None:
     assert ended - dying["time"] < 15
 
 
+@pytest.mark.slow
 def test_killed_ddp_rank_0_leaves_no_rank_behind(runs) -> None:
     # kill -9 of rank 0, which started rank 1 (Lightning's launcher): nothing is left to watch rank 1, which must end
     # on its own, with an error. test_gpu_reliability.py runs the same with NCCL.
@@ -460,6 +492,7 @@ def test_killed_ddp_rank_0_leaves_no_rank_behind(runs) -> None:
     assert rank1["time"] - dying["time"] < 15, run.output()[-4000:]
 
 
+@pytest.mark.slow
 def test_hung_ddp_rank_makes_the_other_exit_within_the_timeout(runs) -> None:
     timeout = 20  # also bounds the start-up rendezvous, where rank 0 waits for rank 1 to import and connect
     run = runs(
@@ -490,6 +523,7 @@ def test_hung_ddp_rank_makes_the_other_exit_within_the_timeout(runs) -> None:
     assert not alive(ready1["pid"])
 
 
+@pytest.mark.slow
 def test_sigterm_to_every_process_with_workers_still_saves(runs) -> None:
     # Ctrl+C signals the whole foreground process group and SLURM every process of the job step: the data loader
     # workers get the signal too, and must leave it to the main process (datamodule: WorkerSignalShield).

@@ -50,6 +50,9 @@ def source_folder(root: Path) -> Path:
     (train / "b" / "notes.txt").write_text("not an image")
     (train / ".hidden").mkdir()
     _jpeg(train / ".hidden" / "x.JPEG", _noise(400, 400))
+    (train / "a" / ".ipynb_checkpoints").mkdir()
+    _jpeg(train / "a" / ".ipynb_checkpoints" / "small-checkpoint.JPEG", _noise(200, 180))
+    (train / "a" / "._small.JPEG").write_bytes(b"\x00\x05\x16\x07Mac OS X")
     _jpeg(val / "a" / "v.JPEG", _noise(500, 375))
     _jpeg(val / "b" / "nested" / "w.JPEG", _noise(260, 256))
     return root
@@ -80,6 +83,7 @@ def test_each_kind_of_file_becomes_an_upright_jpeg_within_the_short_side(tmp_pat
     assert opened("val/a/v.JPEG").size == (341, 256)
     assert (dst / "val/b/nested/w.JPEG").read_bytes() == (src / "val/b/nested/w.JPEG").read_bytes()  # short side 256
     assert not (dst / "train/b/notes.txt").exists() and not (dst / "train/.hidden").exists()
+    assert not (dst / "train/a/.ipynb_checkpoints").exists() and not (dst / "train/a/._small.JPEG").exists()
     assert not list(dst.rglob("*.partial"))
     assert (dst / resize_dataset.MANIFEST).is_file()
 
@@ -97,6 +101,23 @@ def test_a_second_run_keeps_what_is_there_and_cleans_what_a_killed_run_left(tmp_
     after = {p: p.stat().st_mtime_ns for p in dst.rglob("*") if p.is_file()}
     changed = {p for p in after if before.get(p) != after[p]}
     assert changed == {dst / "train/a/large.JPEG", dst / resize_dataset.MANIFEST}
+
+
+def test_a_panorama_no_jpeg_can_hold_is_copied_unchanged_and_listed(tmp_path: Path, capsys) -> None:
+    # 70,000 x 100 pixels: the training loader takes it (7 M pixels), libjpeg writes no side over 65,500.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    for split in ("train", "val"):
+        _jpeg(src / split / "a" / "small.JPEG", _noise(300, 200))
+    wide = src / "train" / "a" / "wide.png"
+    Image.new("RGB", (70_000, 100), (10, 20, 30)).save(wide)
+    resize_dataset.main([str(src), str(dst), "--workers", "1"])
+    assert (dst / "train/a/wide.png").read_bytes() == wide.read_bytes()
+    out = capsys.readouterr().out
+    assert (
+        "1 file(s) with a side over 65,500 pixels (no JPEG holds them) were copied unchanged: train/a/wide.png" in out
+    )
+    assert "1 too wide for JPEG)" in out
+    assert json.loads((dst / resize_dataset.MANIFEST).read_text())["complete"] is True
 
 
 def test_a_failing_write_leaves_no_file_under_the_final_name(tmp_path: Path, monkeypatch) -> None:

@@ -444,3 +444,10 @@ def test_a_device_connections_value_cuda_does_not_take_stops_the_run(throughput,
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "64")
     with pytest.raises(SystemExit, match="CUDA_DEVICE_MAX_CONNECTIONS='64': CUDA takes a whole number from 1 to 32"):
         throughput.main(["--variants", "raw"])
+
+
+def test_the_raw_variant_without_the_plain_loop_names_the_option(throughput, tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        throughput.main(["--child", "raw", "--raw-loop", str(tmp_path / "raw_loop.py")])
+    said = capsys.readouterr().err
+    assert f"--raw-loop {tmp_path / 'raw_loop.py'} does not exist" in said and "leave raw out of --variants" in said

@@ -268,6 +268,52 @@ def test_resume_continues_step_epoch_and_lr_schedule(shapes_root: Path, tmp_path
     assert resumed_cli.trainer.current_epoch == 3
 
 
+@pytest.mark.parametrize("stop", ["epoch_end", "mid_epoch"])
+def test_resume_in_other_units_keeps_the_lr_recipe_on_its_epochs(
+    stop: str, shapes_root: Path, tmp_path: Path, tiny_args, main
+) -> None:
+    # A job requeued with another global batch (here data.batch_size 8 -> 16; fewer ranks is the same arithmetic),
+    # another epoch length (limit_train_batches 4 -> 3 steps) and a new --model.lr: the rate is the new recipe's at
+    # the checkpoint's epoch, the milestone falls on its epoch. Lightning alone restored the old base rate and the old
+    # step count, which in 3-step epochs put the run an epoch or more further on (at or past the milestone).
+    def fit(run: str, *extra: str) -> tuple[train.ImageNetCLI, LRLog]:
+        args = tiny_args(
+            shapes_root,
+            tmp_path / run,
+            trainer__limit_val_batches=1,
+            model__warmup_epochs=1,
+            model__lr_milestones="[3]",
+            checkpoint__monitor="null",
+        )
+        cli = main(["fit", *args, *callbacks_arg(("LRLog", {})), *extra])
+        return cli, find(cli, LRLog)
+
+    first_args = ["--data.batch_size", "8", "--trainer.limit_train_batches", "4", "--trainer.max_epochs", "2"]
+    if stop == "mid_epoch":
+        first_args += ["--trainer.max_steps", "6"]  # epoch 1 after 2 of its 4 steps
+    first_cli, _ = fit("first", *first_args)
+    last = last_ckpt(first_cli)
+    saved = torch.load(last, map_location="cpu", weights_only=True)
+    assert saved["lr_schedule_units"] == {"steps_per_epoch": 4, "global_batch": 8}
+    resumed_cli, resumed = fit(
+        "resumed",
+        *["--data.batch_size", "16", "--trainer.limit_train_batches", "3", "--trainer.max_epochs", "4"],
+        *["--model.lr", "0.2", "--ckpt_path", str(last)],
+    )
+    base = 0.2 * 16 / 256
+    rates = [resumed.lr[step] for step in sorted(resumed.lr)]
+    epochs = [resumed.epoch[step] for step in sorted(resumed.epoch)]
+    if stop == "epoch_end":
+        # Epochs 2 and 3 at steps 6-11 of 3-step epochs: full rate, then x0.1 from the milestone epoch 3.
+        assert epochs == [2] * 3 + [3] * 3
+        assert rates == pytest.approx([base] * 3 + [base * 0.1] * 3)
+    else:
+        # Halfway through epoch 1 (warmed up; Lightning runs its last batch), then each epoch from its own start.
+        assert epochs == [1] + [2] * 3 + [3] * 3
+        assert rates == pytest.approx([base] * 4 + [base * 0.1] * 3)
+    assert resumed_cli.model.hparams.lr == 0.2
+
+
 def test_last_ckpt_is_the_latest_state(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
     # Monitoring the epoch with mode min: only epoch 0 is ever a "best"; the metric must not matter for last.ckpt.
     args = tiny_args(
@@ -553,9 +599,43 @@ def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(traine
         main(["validate", *trained["args"], "--ckpt_path", path])
     # 'last' where the folder is fixed (a requeued job's usual resume): Lightning finds it there.
     main(["fit", *trained["args"], "--trainer.logger.init_args.version", "fixed", "--ckpt_path", "last"])
-    assert asked == ["s3://bucket/run/last.ckpt", "hpc", "registry:my-model:v1", "Registry", "last"]
+    # Without a logger the folder is fixed too: <default_root_dir>/checkpoints.
+    main(["fit", *trained["args"], "--trainer.logger", "false", "--ckpt_path", "last"])
+    assert asked == ["s3://bucket/run/last.ckpt", "hpc", "registry:my-model:v1", "Registry", "last", "last"]
     said = refused(["validate", *trained["args"], "--ckpt_path", "best"])
     assert "--ckpt_path best names the best checkpoint of a fit in this same process" in said
+
+
+def test_a_resume_takes_the_checkpoints_options_but_the_command_lines_own(
+    shapes_root: Path, tmp_path: Path, tiny_args, main
+) -> None:
+    # Started from a weights file (since moved away) with warmup 1 and lr 0.05: resumed with the same configuration but
+    # --model.lr 0.2 on the command line, the run keeps its warmup (the checkpoint's), takes the new rate, and does not
+    # read the weights file (the checkpoint's weights replace it).
+    weights = tmp_path / "start.pth"
+    torch.save(ImageNetClassifier(arch="resnet18", num_classes=10).model.state_dict(), weights)
+    args = tiny_args(shapes_root, tmp_path, data__batch_size=8, trainer__limit_val_batches=1)
+    first = main(
+        [
+            "fit",
+            *args,
+            "--trainer.max_steps",
+            "1",
+            "--model.weights",
+            str(weights),
+            "--model.lr",
+            "0.05",
+            "--model.warmup_epochs",
+            "1",
+        ]
+    )
+    weights.rename(tmp_path / "moved.pth")
+    resumed = main(["fit", *args, "--trainer.max_steps", "2", "--model.lr=0.2", "--ckpt_path", str(last_ckpt(first))])
+    assert resumed.trainer.global_step == 2
+    hparams = resumed.model.hparams
+    assert (hparams.lr, hparams.warmup_epochs, hparams.weights) == (0.2, 1, None)
+    validated = main(["validate", *args, "--ckpt_path", str(last_ckpt(resumed))])
+    assert validated.model.hparams.lr == 0.2  # what the resumed run saved
 
 
 def test_a_gpu_accelerator_without_a_gpu_is_refused_naming_the_fix(
