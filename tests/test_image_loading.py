@@ -534,3 +534,34 @@ def test_bad_image_count_logs_per_epoch(folder_with_bad: tuple[Path, list[str]],
         rows = list(csv.DictReader(f))
     for key in ("train_bad_images", "val_bad_images"):
         assert [float(row[key]) for row in rows if row.get(key)] == [3.0, 3.0], key  # one value per epoch
+
+
+class _FreezeCount(torch.utils.data.Dataset):
+    """Each item is the worker's ``gc.get_freeze_count()``: above 0 where the objects were frozen at the fork."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, tuple]:
+        import gc
+
+        return torch.tensor(gc.get_freeze_count()), index, ()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_workers_fork_with_the_parents_objects_frozen_and_the_parent_unfrozen_after(workers: int) -> None:
+    import gc
+
+    from image_loading import BadImageCounter
+
+    loader = torch.utils.data.DataLoader(
+        _FreezeCount(), batch_size=2, num_workers=workers, multiprocessing_context="fork" if workers else None,
+        collate_fn=lambda batch: (torch.stack([b[0] for b in batch]), [b[1] for b in batch], ()),
+    )  # fmt: skip
+    assert gc.get_freeze_count() == 0
+    counts = torch.cat([images for images, _ in BadImageCounter(loader)])
+    assert gc.get_freeze_count() == 0  # the parent collects as before
+    if workers:
+        assert (counts > 0).all()  # nothing the worker inherited is collected there
+    else:
+        assert (counts == 0).all()  # no fork: nothing frozen
