@@ -230,10 +230,10 @@ class ImageNetClassifier(pl.LightningModule):
         self._last_global_step = -1
         # The LR schedule's units: this run's optimizer steps per epoch (set in configure_optimizers), the restored
         # checkpoint's (None: no checkpoint, or one from before they were saved), and whether this run maps the
-        # schedule onto its epochs at each epoch's start (after a resume in other units).
+        # schedule onto its epochs at its first batch (after a resume in other units).
         self._steps_per_epoch: int | None = None
         self._saved_steps_per_epoch: int | None = None
-        self._align_at_epoch_start = False
+        self._map_schedule_at_first_batch = False
 
     # --- model ----------------------------------------------------------------------------------------
     @override
@@ -344,7 +344,7 @@ class ImageNetClassifier(pl.LightningModule):
         # After Lightning restored the optimizer: a checkpoint's param_groups carry the "fused" flag of the run that
         # saved it, and loading them would silently switch the kernel (a foreach group under an optimizer that told
         # GradScaler it skips overflow steps itself would apply them).
-        fused = self._fused_sgd()
+        fused, h = self._fused_sgd(), self.hparams
         for optimizer in self.trainer.optimizers:
             if not isinstance(optimizer, torch.optim.SGD):
                 continue
@@ -352,6 +352,9 @@ class ImageNetClassifier(pl.LightningModule):
                 # None, not False, for the unfused kernel: torch then picks foreach on CUDA; with an explicit False
                 # (on either flag) it runs its per-tensor loop.
                 group["fused"], group["foreach"] = (True if fused else None), None
+                # The checkpoint's groups carry its run's values; this run's (a --model.weight_decay given with
+                # --ckpt_path) are the ones it was asked for. The same values on an exact resume.
+                group["momentum"], group["weight_decay"], group["nesterov"] = h.momentum, h.weight_decay, h.nesterov
                 if not group["momentum"]:
                     continue
                 # Zero momentum buffers before the first step. torch's fused SGD creates them with empty_like on its
@@ -393,15 +396,17 @@ class ImageNetClassifier(pl.LightningModule):
             for group in scheduler.optimizer.param_groups:
                 group["initial_lr"] = base
         saved, steps_per_epoch = self._saved_steps_per_epoch, self._steps_per_epoch
-        self._align_at_epoch_start = bool(saved and steps_per_epoch and saved != steps_per_epoch)
-        if self._align_at_epoch_start:
-            # In the middle of an epoch, the same fraction of it; from the next epoch on, its start (Lightning runs
-            # the rest of this one from the batch count it restored, whose length in this run's batches differs).
-            epoch, into = divmod(scheduler.last_epoch, saved)
-            step = epoch * steps_per_epoch + min(round(into * steps_per_epoch / saved), steps_per_epoch)
+        self._map_schedule_at_first_batch = bool(saved and steps_per_epoch and saved != steps_per_epoch)
+        if self._map_schedule_at_first_batch:
+            # Where Lightning will go on: the next epoch's start after an epoch-end checkpoint (its current epoch is
+            # that one already), the restored batch count after a mid-epoch one. Checked at the first batch (below).
+            trainer = self.trainer
+            restored = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            first_batch = restored if trainer.fit_loop.restarted_mid_epoch else 0
+            old_step = scheduler.last_epoch
+            step = self._schedule_step(trainer.current_epoch, first_batch)
             changes.append(
-                f"schedule step {scheduler.last_epoch} of {saved}-step epochs -> {step} of "
-                f"{steps_per_epoch}-step epochs"
+                f"schedule step {old_step} of {saved}-step epochs -> {step} of {steps_per_epoch}-step epochs"
             )
             scheduler.last_epoch = step
         if changes:
@@ -410,6 +415,29 @@ class ImageNetClassifier(pl.LightningModule):
                 f"resuming in other units than the checkpoint's run: {'; '.join(changes)}; the learning rate is now "
                 f"{scheduler.optimizer.param_groups[0]['lr']:.6g}"
             )
+
+    def _schedule_step(self, epoch: int, batch_idx: int) -> int:
+        """The scheduler's step at batch ``batch_idx`` of ``epoch``: the optimizer steps of the epochs before it and of
+        this epoch's batches before it, in this run's units (each epoch then starts on its own step)."""
+        assert self._steps_per_epoch is not None
+        return epoch * self._steps_per_epoch + batch_idx // self.trainer.accumulate_grad_batches
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if not self._map_schedule_at_first_batch:
+            return
+        self._map_schedule_at_first_batch = False
+        scheduler = self._lr_scheduler()
+        step = self._schedule_step(self.trainer.current_epoch, batch_idx)
+        if scheduler is not None and scheduler.last_epoch != step:
+            # Lightning went on elsewhere than its loops' state said in on_train_start (callbacks saw that rate at this
+            # batch's start; the optimizer step uses this one).
+            rank_zero_info(
+                f"resuming in other units: schedule step {scheduler.last_epoch} -> {step} (epoch "
+                f"{self.trainer.current_epoch}, batch {batch_idx})"
+            )
+            scheduler.last_epoch = step
+            self._set_learning_rates(scheduler)
 
     @staticmethod
     def _set_learning_rates(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
@@ -500,14 +528,6 @@ class ImageNetClassifier(pl.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._sums[3:].zero_()
         self._epoch_images = 0
-        scheduler = self._lr_scheduler()
-        if self._align_at_epoch_start and scheduler is not None and self._steps_per_epoch:
-            # After a resume in other units: each epoch starts at its own step of the schedule, so the milestones fall
-            # on their epochs (a no-op from the second epoch on, unless the epoch's length changes again).
-            step = self.trainer.current_epoch * self._steps_per_epoch
-            if scheduler.last_epoch != step:
-                scheduler.last_epoch = step
-                self._set_learning_rates(scheduler)
 
     @override
     def on_train_epoch_end(self) -> None:

@@ -162,8 +162,10 @@ def generate(
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         try:
-            if root.exists():
+            try:
                 root.rmdir()  # empty (checked above); rename cannot replace a directory
+            except FileNotFoundError:
+                pass  # absent, or removed by another process drawing it at the same time
             os.replace(staging, root)
         except OSError:
             # Another process drew the same dataset at the same time (two runs started together, or one per node

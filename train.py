@@ -135,13 +135,16 @@ class ImageNetCLI(LightningCLI):
                 )
         before = self.config[subcommand].model.clone()
         super()._parse_ckpt_path()
-        self._settle_model_options(subcommand, before)
+        if Path(ckpt_path).is_file():  # what LightningCLI read the checkpoint's options from
+            self._settle_model_options(subcommand, before)
 
     def _settle_model_options(self, subcommand: str, before: Any) -> None:
         """After LightningCLI put the checkpoint's model options over the configuration's: the command line's own
         ``--model.KEY`` values win back (a resume that changes ``model.lr`` or ``model.lr_milestones`` gets them), the
         configuration file's are the checkpoint's (the run goes on as it was started), and ``model.weights`` is not
-        read (the checkpoint's weights replace them; the file may be gone)."""
+        read (the checkpoint's weights replace them; the file may be gone). Only for a checkpoint file here: ``last``
+        may find none yet (the first submission of a requeued job starts from ``model.weights``), and Lightning reads
+        ``hpc`` and remote paths later."""
         model = self.config[subcommand].model
         given = self._model_keys_on_the_command_line()
         notes = []

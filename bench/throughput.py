@@ -438,19 +438,17 @@ def check_epoch_room(data: str, gpus: int, batch: int, warmup: int, steps: int) 
     At an epoch's end the loader's workers run dry and refill from empty (the next epoch's first batch is decoded
     after the last one is consumed): a stall of about one batch's decode per worker, inside the timed window it is
     not throughput. The sampler and the loader drop the remainder, so each GPU sees ``images // gpus // batch``
-    batches an epoch. Images are counted as the app's dataset finds them (visible class folders, torchvision's
-    extensions, sub-folders included).
+    batches an epoch. Images are counted as the app's dataset finds them (``datamodule.visible_samples``: visible
+    class folders and files, torchvision's extensions, sub-folders included).
     """
-    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
-
     sys.path.insert(0, str(ROOT))
-    from datamodule import class_folders
+    from datamodule import class_folders, visible_samples
 
     train = Path(data) / "train"
     if not train.is_dir() or not class_folders(train):
         sys.exit(f"--data {data}: no class folders in {train} (an ImageNet-layout folder: bench/make_jpeg_folder.py)")
     classes = {name: i for i, name in enumerate(class_folders(train))}
-    images = len(make_dataset(str(train), classes, extensions=IMG_EXTENSIONS, allow_empty=True))
+    images = len(visible_samples(train, classes, allow_empty=True))
     batches = images // gpus // batch
     # Two batches of margin: the prefetcher, and with data.decode gpu the producer thread, hold batches ahead.
     if batches < warmup + steps + 2:

@@ -24,7 +24,9 @@ Both are no-ops in a run that was not resumed.
    the epoch's end, and ``ModelCheckpoint`` saves there with the loops' epoch-end state: a run resumed from it counts
    the epoch as done, skips its remaining batches and leaves the LR schedule that much out of step with the epochs.
    Here the unmonitored checkpoint (``last.ckpt``) saves at the batch end where the stop was decided, the state of a
-   mid-epoch checkpoint (the resumed run trains the rest of the epoch), and no checkpoint saves at such an epoch end.
+   mid-epoch checkpoint (the resumed run trains the rest of the epoch), and does not save at such an epoch end (the
+   monitored one keeps its save there, for the validation Lightning runs at a stop). A stop asked for inside an
+   accumulated step (``max_time``'s timer checks after every micro-batch) waits for that step's end.
 
 ``train.py`` uses this class for ``--checkpoint.*`` and
 ``--last_checkpoint.*``; every other argument is ``ModelCheckpoint``'s.
@@ -59,6 +61,7 @@ class ResumableCheckpoint(ModelCheckpoint):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._step_before_batch: int | None = None
+        self._stop_after_the_step = False  # a stop asked for inside an accumulated step, held until its end
         self._state_key: str | None = None
 
     @property
@@ -67,6 +70,11 @@ class ResumableCheckpoint(ModelCheckpoint):
         if self._state_key is None:
             self._state_key = super().state_key
         return self._state_key
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._stop_after_the_step = False  # not from an earlier fit with this callback
 
     @override
     def on_train_batch_start(
@@ -82,12 +90,22 @@ class ResumableCheckpoint(ModelCheckpoint):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_step == self._step_before_batch:
-            return  # a micro-batch inside an accumulated step: the optimizer did not step, there is nothing to save
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         # Checkpoint callbacks run after every other callback's hook (Lightning orders them last), so a stop decided in
-        # this batch end (the profiler window's exit_after) is already set. Every rank decides the same.
-        stopping = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
+        # this batch end (the profiler window's exit_after, max_time's timer) is already set. Every rank decides the
+        # same (the timer broadcasts its decision).
+        if trainer.global_step == self._step_before_batch:
+            # A micro-batch inside an accumulated step: the optimizer did not step, there is nothing to save. A stop
+            # asked for here waits for the step's end, where there is (Lightning would stop now, with the step's
+            # gradients half accumulated and no checkpoint of the epoch's progress).
+            if trainer.should_stop and self._inside_the_epoch(trainer):
+                trainer.should_stop, self._stop_after_the_step = False, True
+            return
+        if self._stop_after_the_step:
+            trainer.should_stop, self._stop_after_the_step = True, False
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        # Lightning keeps training through a stop until min_epochs and min_steps are done.
+        can_stop = getattr(trainer.fit_loop, "_can_stop_early", True)
+        stopping = (trainer.should_stop and can_stop) or 0 <= trainer.max_steps <= trainer.global_step
         if (
             self.monitor is None
             and stopping
@@ -100,7 +118,7 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._inside_the_epoch(trainer):
+        if self.monitor is None and self._inside_the_epoch(trainer):
             return  # the fit stopped before the epoch's last batch: not an epoch end to resume from (see above)
         super().on_train_epoch_end(trainer, pl_module)
 

@@ -435,6 +435,21 @@ def test_a_dataset_drawn_by_another_process_meanwhile_is_taken(tmp_path: Path, m
     assert shapes_dataset.is_complete(root)
     assert [p.name for p in tmp_path.iterdir()] == ["shapes"]  # our staging folder is gone
 
+    # An empty folder there at the start, removed by the other process while ours drew: ours publishes.
+    emptied = tmp_path / "emptied"
+    emptied.mkdir()
+    real_draw = shapes_dataset.draw_sample
+
+    def remove_it_meanwhile(*args: object) -> object:
+        if emptied.exists():
+            emptied.rmdir()
+        return real_draw(*args)
+
+    monkeypatch.setattr(shapes_dataset.os, "replace", real_replace)
+    monkeypatch.setattr(shapes_dataset, "draw_sample", remove_it_meanwhile)
+    assert shapes_dataset.is_complete(shapes_dataset.generate(emptied, **small))
+    monkeypatch.setattr(shapes_dataset, "draw_sample", real_draw)
+
     # A folder that something else filled meanwhile, without a dataset in it, is still an error.
     def something_else_first(source: Path, target: Path) -> None:
         target.mkdir()
@@ -444,7 +459,7 @@ def test_a_dataset_drawn_by_another_process_meanwhile_is_taken(tmp_path: Path, m
     monkeypatch.setattr(shapes_dataset.os, "replace", something_else_first)
     with pytest.raises(OSError):
         shapes_dataset.generate(tmp_path / "taken", **small)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["shapes", "taken"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emptied", "shapes", "taken"]
 
 
 # --- bad roots ---------------------------------------------------------------------------------------------------

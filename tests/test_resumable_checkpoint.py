@@ -119,6 +119,53 @@ def test_a_fit_stopped_inside_an_epoch_resumes_the_rest_of_it(tmp_path: Path, st
     assert resumed.current_epoch == 1
 
 
+class _StopAtBatch(Callback):
+    """Stops the fit at the end of batch ``batch_idx`` of epoch 0, as max_time's timer can (after any micro-batch)."""
+
+    def __init__(self, batch_idx: int) -> None:
+        self.batch_idx = batch_idx
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: object, outputs: object, batch: object, idx: int):
+        if trainer.current_epoch == 0 and idx == self.batch_idx:
+            trainer.should_stop = True
+
+
+def _fit_with_last(
+    folder: Path, ckpt: Path | None, *callbacks: Callback, **options: object
+) -> tuple[pl.Trainer, _Saves]:
+    last = ResumableCheckpoint(dirpath=folder, filename="last", monitor=None, enable_version_counter=False)
+    saves = _Saves()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        callbacks=[last, saves, *callbacks],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **options,
+    )
+    trainer.fit(BoringModel(), ckpt_path=ckpt)
+    return trainer, saves
+
+
+def test_a_stop_inside_an_accumulated_step_waits_for_its_end_and_saves_there(tmp_path: Path) -> None:
+    # Batches of 2 micro-batches, 8 batches an epoch: a stop after batch 4 (the first half of step 3) is held until
+    # batch 5 ends step 3, saved there (Lightning alone: stopped after batch 4 and saved nothing of the epoch).
+    options = {"limit_train_batches": 8, "accumulate_grad_batches": 2, "max_epochs": 1}
+    first, saves = _fit_with_last(tmp_path, None, _StopAtBatch(4), **options)
+    assert first.global_step == 3 and saves.saves == [(3, 6)]
+    resumed, _ = _fit_with_last(tmp_path, tmp_path / "last.ckpt", **options)
+    assert resumed.global_step == 4 and resumed.current_epoch == 1  # batches 6 and 7: the epoch's last step
+
+
+def test_a_stop_lightning_ignores_before_min_steps_saves_nothing(tmp_path: Path) -> None:
+    # Lightning trains on through a stop until min_steps (here to the epoch's end): no save at the ignored stop, nor at
+    # every step after it.
+    trainer, saves = _fit_with_last(tmp_path, None, _StopAtBatch(0), limit_train_batches=8, max_epochs=1, min_steps=3)
+    assert trainer.global_step == 8 and saves.saves == [(8, 8)]
+
+
 def test_state_key_is_lightnings_and_formatted_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Lightning names every hook call by it: formatted at the first use, the same string every time after."""
     callback = ResumableCheckpoint(monitor="val_acc1", mode="max", every_n_train_steps=5)

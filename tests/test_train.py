@@ -273,15 +273,15 @@ def test_resume_in_other_units_keeps_the_lr_recipe_on_its_epochs(
     stop: str, shapes_root: Path, tmp_path: Path, tiny_args, main
 ) -> None:
     # A job requeued with another global batch (here data.batch_size 8 -> 16; fewer ranks is the same arithmetic),
-    # another epoch length (limit_train_batches 4 -> 3 steps) and a new --model.lr: the rate is the new recipe's at
-    # the checkpoint's epoch, the milestone falls on its epoch. Lightning alone restored the old base rate and the old
-    # step count, which in 3-step epochs put the run an epoch or more further on (at or past the milestone).
+    # another epoch length (limit_train_batches 4 -> 6 steps), a new --model.lr and --model.weight_decay: the rate is
+    # the new recipe's at the checkpoint's point in training, warmup (2 epochs) and milestone (epoch 3) on their epochs.
+    # Lightning alone restored the old base rate and the old step count, and the old weight decay.
     def fit(run: str, *extra: str) -> tuple[train.ImageNetCLI, LRLog]:
         args = tiny_args(
             shapes_root,
             tmp_path / run,
             trainer__limit_val_batches=1,
-            model__warmup_epochs=1,
+            model__warmup_epochs=2,
             model__lr_milestones="[3]",
             checkpoint__monitor="null",
         )
@@ -297,21 +297,28 @@ def test_resume_in_other_units_keeps_the_lr_recipe_on_its_epochs(
     assert saved["lr_schedule_units"] == {"steps_per_epoch": 4, "global_batch": 8}
     resumed_cli, resumed = fit(
         "resumed",
-        *["--data.batch_size", "16", "--trainer.limit_train_batches", "3", "--trainer.max_epochs", "4"],
-        *["--model.lr", "0.2", "--ckpt_path", str(last)],
+        *["--data.batch_size", "16", "--trainer.limit_train_batches", "6", "--trainer.max_epochs", "4"],
+        *["--model.lr", "0.2", "--model.weight_decay", "0.001", "--ckpt_path", str(last)],
     )
-    base = 0.2 * 16 / 256
-    rates = [resumed.lr[step] for step in sorted(resumed.lr)]
-    epochs = [resumed.epoch[step] for step in sorted(resumed.epoch)]
+    base, spe = 0.2 * 16 / 256, 6
+    steps = sorted(resumed.lr)
+    epochs = [resumed.epoch[step] for step in steps]
     if stop == "epoch_end":
-        # Epochs 2 and 3 at steps 6-11 of 3-step epochs: full rate, then x0.1 from the milestone epoch 3.
-        assert epochs == [2] * 3 + [3] * 3
-        assert rates == pytest.approx([base] * 3 + [base * 0.1] * 3)
+        positions = list(range(2 * spe, 4 * spe))  # epochs 2 and 3, whole
+        assert epochs == [2] * spe + [3] * spe
     else:
-        # Halfway through epoch 1 (warmed up; Lightning runs its last batch), then each epoch from its own start.
-        assert epochs == [1] + [2] * 3 + [3] * 3
-        assert rates == pytest.approx([base] * 4 + [base * 0.1] * 3)
-    assert resumed_cli.model.hparams.lr == 0.2
+        # The rest of epoch 1 from batch 2: 4 steps, counted back from the epoch's end (positions 8-11 of 12 warmup
+        # steps: 9/12, 10/12, 11/12, 1), then epochs 2 and 3.
+        positions = list(range(spe + 2, 4 * spe))
+        assert epochs == [1] * 4 + [2] * spe + [3] * spe
+    expected = [base * lr_multiplier(p, spe, 2, "step", [3], 0.1, 4) for p in positions]
+    assert [resumed.lr[step] for step in steps] == pytest.approx(expected)
+    # The run's last checkpoint is on its epochs' schedule: a later resume in these units goes on from there.
+    state = torch.load(last_ckpt(resumed_cli), map_location="cpu", weights_only=True)
+    assert state["lr_schedulers"][0]["last_epoch"] == 4 * spe
+    assert state["lr_schedule_units"] == {"steps_per_epoch": spe, "global_batch": 16}
+    group = resumed_cli.trainer.optimizers[0].param_groups[0]
+    assert (resumed_cli.model.hparams.lr, group["weight_decay"]) == (0.2, 0.001)
 
 
 def test_last_ckpt_is_the_latest_state(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
@@ -629,6 +636,11 @@ def test_a_resume_takes_the_checkpoints_options_but_the_command_lines_own(
             "1",
         ]
     )
+    # The first submission of a requeued job (a fixed folder, --ckpt_path last, nothing there yet): Lightning starts
+    # from scratch, so from the weights file.
+    requeued = main(["fit", *args, "--trainer.max_steps", "1", "--model.weights", str(weights)]
+                    + ["--trainer.logger.init_args.version", "requeued", "--ckpt_path", "last"])  # fmt: skip
+    assert requeued.model.hparams.weights == str(weights)
     weights.rename(tmp_path / "moved.pth")
     resumed = main(["fit", *args, "--trainer.max_steps", "2", "--model.lr=0.2", "--ckpt_path", str(last_ckpt(first))])
     assert resumed.trainer.global_step == 2
