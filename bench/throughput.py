@@ -252,11 +252,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(error))
     if a.inductor and not a.compile:
         p.error("--inductor sets torch.compile's inductor options: add --compile")
-    if a.child == "raw" and not Path(a.raw_loop).is_file():  # the parent prints the child's stderr
-        p.error(
-            f"--raw-loop {a.raw_loop} does not exist: the raw variant runs a plain PyTorch loop that this repository "
-            "does not ship; pass its path with --raw-loop, or leave raw out of --variants"
-        )
     return a
 
 
@@ -305,6 +300,11 @@ def apply_inductor_options(options: dict) -> None:
 
 
 def run_raw(a: argparse.Namespace) -> dict:
+    if not Path(a.raw_loop).is_file():  # in the variant's process: the parent prints its stderr
+        sys.exit(
+            f"--raw-loop {a.raw_loop} does not exist: the raw variant runs a plain PyTorch loop that this repository "
+            "does not ship; pass its path with --raw-loop, or leave raw out of --variants"
+        )
     import torch
 
     argv = ["raw_loop.py", "--arch", a.arch, "--batch", str(a.batch), "--precision", a.precision]

@@ -446,8 +446,8 @@ def test_a_device_connections_value_cuda_does_not_take_stops_the_run(throughput,
         throughput.main(["--variants", "raw"])
 
 
-def test_the_raw_variant_without_the_plain_loop_names_the_option(throughput, tmp_path, capsys) -> None:
-    with pytest.raises(SystemExit):
+def test_the_raw_variant_without_the_plain_loop_names_the_option(throughput, tmp_path) -> None:
+    with pytest.raises(SystemExit) as stopped:
         throughput.main(["--child", "raw", "--raw-loop", str(tmp_path / "raw_loop.py")])
-    said = capsys.readouterr().err
+    said = str(stopped.value)
     assert f"--raw-loop {tmp_path / 'raw_loop.py'} does not exist" in said and "leave raw out of --variants" in said
