@@ -531,8 +531,10 @@ def translate_full(argv: Sequence[str], environ: Mapping[str, str] | None = None
                 "process exits 0. The original "
                 f"started cudaProfilerStart at its 1-based iteration {args.prof} and quit after iteration "
                 f"{args.prof + _PROFILE_STEPS} (11 iterations, each rank on its own); for exactly those use "
-                f"--profile.start_step {max(args.prof - 1, 0)} --profile.num_steps 11. nvprof does not support "
-                "compute capability >= 8.0 (A100, H100, H200): use nsys profile --capture-range=cudaProfilerApi"
+                f"--profile.start_step {max(args.prof - 1, 0)} --profile.num_steps 11. The steps count from the run's "
+                "start, not from each epoch's as the original's did: with --resume, a window before the resumed step "
+                "is refused. nvprof does not support compute capability >= 8.0 (A100, H100, H200): use nsys profile "
+                "--capture-range=cudaProfilerApi"
             )
     out += recipe_overrides(args.epochs)
     out += passthrough

@@ -106,7 +106,9 @@ class ProfilerWindow(Callback):
         num_steps: Optimizer steps per window.
         ranks: Global ranks that open the CUDA profiler window (and write Kineto traces); ``null`` means all.
         exit_after: After the last window every rank stops at the same step, skips the validation (and its
-            checkpoint) that would follow, and the process exits 0; the epoch still ends, with its own checkpoint.
+            checkpoint) that would follow, and the process exits 0; ``last.ckpt`` is saved at that step, and a run
+            resumed from it trains the rest of the epoch. Not while ``trainer.min_steps``/``min_epochs`` keep the run
+            going (a warning says so); a resumed run past the last window's start is refused before its first step.
         nvtx: NVTX ranges ``step N`` > ``data``/``forward``/``backward``/``optimizer`` around every step (not only
             inside the window; they cost well under 1% of a step).
         emit_nvtx: ``torch.autograd.profiler.emit_nvtx`` inside the window: one NVTX range per autograd op (large
@@ -144,8 +146,11 @@ class ProfilerWindow(Callback):
             raise ValueError(f"profile.start_step must be optimizer steps >= 0 (0-based global_step), got {start_step}")
         if num_steps < 1:
             raise ValueError(f"profile.num_steps must be >= 1, got {num_steps}")
-        if ranks is not None and (any(r < 0 for r in ranks) or len(set(ranks)) != len(ranks)):
-            raise ValueError(f"profile.ranks must be distinct global ranks >= 0, got {ranks}")
+        if ranks is not None and (not ranks or any(r < 0 for r in ranks) or len(set(ranks)) != len(ranks)):
+            raise ValueError(
+                f"profile.ranks must be distinct global ranks >= 0 (null: every rank), got {ranks}; to profile no "
+                "rank, leave profile.start_step unset"
+            )
         if emit_nvtx and torch_profiler:
             raise ValueError(
                 "profile.emit_nvtx and profile.torch_profiler cannot both be on: they use the same autograd profiler "
@@ -191,6 +196,7 @@ class ProfilerWindow(Callback):
         self._trace_dir = Path(trace_dir or "traces")
         self._report_dir = Path("step_report")
         self._warned: set[str] = set()
+        self._limit_val_batches: int | float | None = None  # the trainer's, while exit_after skips validation
 
     @property
     def enabled(self) -> bool:
@@ -222,6 +228,16 @@ class ProfilerWindow(Callback):
             return
         total = trainer.estimated_stepping_batches
         first = trainer.global_step
+        last_start, last_end = self.windows[-1]
+        if self.exit_after and last_start < first:
+            # The last window can no longer be recorded whole, so exit_after's stop would never come: this profiling
+            # job would train on to trainer.max_epochs (under nsys). Before the first step, on every rank alike.
+            raise ValueError(
+                f"profile.start_step: this run resumes at step {first}, after the start of the last window (steps "
+                f"{last_start}..{last_end - 1}), and profile.exit_after would stop it only at that window's end: it "
+                f"would train to its end instead. Place the window at or after step {first} (e.g. --profile.start_step "
+                f"{first + 20}), or --profile.exit_after false to train on without it"
+            )
         for start, end in self.windows:
             if start < first:
                 rank_zero_warn(
@@ -268,9 +284,17 @@ class ProfilerWindow(Callback):
             self._close_window()
             self._write_report(trainer, window)
             if self.exit_after and step == self.windows[-1][1] - 1:
+                if not getattr(trainer.fit_loop, "_can_stop_early", True):
+                    rank_zero_warn(
+                        f"profile: last window done at step {step}, but trainer.min_steps/min_epochs keep the run "
+                        "going: exit_after does not stop it (set them below the window to stop here)"
+                    )
+                    return
                 rank_zero_info(f"profile: last window done at step {step}; stopping every rank here (exit_after)")
                 trainer.should_stop = True
-                # What would follow is a validation pass nobody profiles (and its checkpoint); skip it.
+                # What would follow is a validation pass nobody profiles (and its checkpoint); skip it, and give the
+                # setting back at the end of the fit (a validate after it in this process validates again).
+                self._limit_val_batches = trainer.limit_val_batches
                 trainer.limit_val_batches = 0
 
     def _on_fetch_start(self) -> None:
@@ -379,6 +403,8 @@ class ProfilerWindow(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._limit_val_batches is not None:
+            trainer.limit_val_batches, self._limit_val_batches = self._limit_val_batches, None
         if self.enabled:
             self._close_between_steps()
         # A window cut short by the end of training: close it as a full one would be (its Kineto trace exported, the
@@ -390,6 +416,8 @@ class ProfilerWindow(Callback):
             return
         if self._cuda and self._profiling_here:
             torch.cuda.synchronize(trainer.strategy.root_device)
+        # Named by the steps it holds (its trace file and report alike), not the steps asked for.
+        self._window = window = (window[0], max(min(window[1], trainer.global_step), window[0] + 1))
         self._close_window()
         self._write_report(trainer, window)
 

@@ -236,6 +236,20 @@ def test_kineto_trace_covers_exactly_the_window(tmp_path, recorder):
     assert not list(trace.parent.glob(".*partial"))
 
 
+def test_a_window_cut_short_by_the_end_of_training_is_named_by_the_steps_it_holds(tmp_path, recorder):
+    window = ProfilerWindow(start_step=3, num_steps=5, torch_profiler=True)
+    with pytest.warns(UserWarning, match="cut short at the last step 4"):
+        fit(tmp_path, window, max_steps=5)
+    (trace,) = window.trace_files
+    assert trace.name == "rank0_steps3-4.pt.trace.json"
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert [e["name"] for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("step ")] == [
+        "step 3", "step 4",
+    ]  # fmt: skip
+    assert sorted(p.name for p in window.report_files) == ["window_3-4.json", "window_3-4.md", "window_3-4.png"]
+    assert window.reports[0]["ranks"][0]["source"] == "host+kineto"  # the report found its trace
+
+
 def test_window_after_the_last_step_warns(tmp_path, recorder):
     with pytest.warns(UserWarning, match="starts after the last step"):
         trainer = fit(tmp_path, ProfilerWindow(start_step=50), max_steps=3)
@@ -327,12 +341,37 @@ def test_exception_with_kineto_stops_the_profiler(tmp_path, recorder):
         ({"start_step": 5, "emit_nvtx": True, "torch_profiler": True}, "cannot both be on"),
         ({"emit_nvtx": True}, "need profile.start_step"),
         ({"start_step": 1, "ranks": [-1]}, "ranks must be"),
+        ({"start_step": 1, "ranks": []}, "ranks must be"),
         ({"start_step": 1, "record_shapes": True}, "record_shapes applies"),
     ],
 )
 def test_nonsense_is_rejected_at_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ProfilerWindow(**kwargs)
+
+
+def test_exit_after_under_min_steps_says_so_and_leaves_validation_on(tmp_path, recorder):
+    # Lightning trains on through a stop until min_steps: exit_after neither claims to stop nor turns validation off.
+    window = ProfilerWindow(start_step=1, num_steps=2, report=False)
+    with pytest.warns(UserWarning, match="min_steps/min_epochs keep the run going: exit_after does not stop it"):
+        trainer = fit(tmp_path, window, max_steps=8, min_steps=8, train_steps=4, val_batches=1)
+    assert trainer.global_step == 8 and trainer.limit_val_batches == 1
+
+
+def test_exit_after_gives_the_validation_setting_back_at_the_end(tmp_path, recorder):
+    trainer = fit(tmp_path, ProfilerWindow(start_step=1, num_steps=2, report=False), max_steps=8, val_batches=1)
+    assert trainer.global_step == 3 and trainer.limit_val_batches == 1  # stopped after the window; validation back
+
+
+def test_a_resume_past_the_last_windows_start_with_exit_after_is_refused_before_training():
+    # Resumed at step 5 (a requeued profiling job, or main_amp's --prof with --resume): the window at 3..12 cannot be
+    # recorded whole, and exit_after would never stop the run; without exit_after it only warns.
+    resumed = SimpleNamespace(global_step=5, estimated_stepping_batches=100)
+    with pytest.raises(ValueError, match=r"resumes at step 5, after the start of the last window \(steps 3\.\.12\)"):
+        ProfilerWindow(start_step=3).on_train_start(resumed, None)
+    with pytest.warns(UserWarning, match="starts before step 5, where this run resumes"):
+        ProfilerWindow(start_step=3, exit_after=False).on_train_start(resumed, None)
+    ProfilerWindow(start_step=[1, 20]).on_train_start(resumed, None)  # the last window is still ahead
 
 
 def test_rank_beyond_world_size_fails_at_setup(tmp_path, recorder):
