@@ -565,6 +565,8 @@ class ImageNetDataModule(pl.LightningDataModule):
                 f"data.root: {folder} holds {len(images)} images for {world} ranks; every rank needs at least one "
                 f"(add validation images or run on at most {len(images)} devices)"
             )
+        if split == "val":
+            self._check_eval_fractions(folder, len(images), world)
         if split == "train" and len(images) // world < self.batch_size:
             # The sampler gives each rank len // world images and drops the last partial batch: no training step.
             raise ValueError(
@@ -667,6 +669,23 @@ class ImageNetDataModule(pl.LightningDataModule):
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     # --- helpers --------------------------------------------------------------------------------------
+    def _check_eval_fractions(self, folder: Path, images: int, world: int) -> None:
+        """Refuses a ``trainer.limit_val_batches``/``limit_test_batches`` fraction that leaves a rank no batch.
+
+        The val split's shards differ by up to one image (no padding, :class:`ShardSampler`), so their batch counts
+        can differ by one, and Lightning takes ``int(batches x fraction)`` of each: 0 on a smaller shard is an error on
+        that rank alone while the others validate and wait for it (a hang). Every rank checks the smallest shard.
+        """
+        fewest = math.ceil((images // world) / self.batch_size)  # batches of the smallest shard
+        for key in ("limit_val_batches", "limit_test_batches"):
+            fraction = getattr(self.trainer, key, None) if self.trainer is not None else None
+            if isinstance(fraction, float) and 0.0 < fraction < 1.0 and int(fewest * fraction) == 0:
+                raise ValueError(
+                    f"trainer.{key} {fraction} of {folder}'s batches leaves no batch on a rank: its smallest shard has "
+                    f"{fewest} batch(es) of data.batch_size {self.batch_size} on {world} rank(s); use at least "
+                    f"{1 / fewest:.4g}, or a whole number of batches (--trainer.{key} 1)"
+                )
+
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
         if trainer is None:

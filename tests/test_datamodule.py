@@ -126,6 +126,28 @@ def test_a_val_split_smaller_than_the_world_is_refused_on_every_rank(shapes_root
     assert len(dm.val_dataloader().sampler) == 1
 
 
+def test_an_eval_fraction_that_leaves_a_rank_no_batch_is_refused_on_every_rank(shapes_root: Path) -> None:
+    # 60 val images on 7 ranks: shards of 9 and 8 images, 2 and 1 batches of 8. Lightning would take int(2 x 0.5) = 1
+    # batch on some ranks and int(1 x 0.5) = 0 (an error) on the others, which the rest would wait for.
+    images = sizes(shapes_root)[1]
+    assert images == 60
+    for rank in (0, 6):
+        for key in ("limit_val_batches", "limit_test_batches"):
+            dm = small_dm(shapes_root, batch_size=8)
+            dm.trainer = fake_trainer(world_size=7, rank=rank)
+            setattr(dm.trainer, key, 0.5)
+            with pytest.raises(
+                ValueError,
+                match=rf"trainer.{key} 0.5 of .* leaves no batch on a rank: its smallest "
+                r"shard has 1 batch\(es\) of data.batch_size 8 on 7 rank\(s\); use at least 1",
+            ):
+                dm.setup("validate")
+    dm = small_dm(shapes_root, batch_size=8)
+    dm.trainer = fake_trainer(world_size=7, rank=6)
+    dm.trainer.limit_val_batches, dm.trainer.limit_test_batches = 1.0, 2  # the whole split; a number of batches
+    dm.setup("validate")
+
+
 def test_a_train_split_without_one_batch_per_rank_is_refused_naming_the_folder(shapes_root: Path) -> None:
     images = sizes(shapes_root)[0]
     dm = small_dm(shapes_root, batch_size=images // 2 + 1)
