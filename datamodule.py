@@ -222,16 +222,7 @@ class _ImageFolder(datasets.ImageFolder):
     """``ImageFolder`` whose classes are exactly :func:`class_folders` (torchvision's also takes hidden folders,
     which would shift every label and give one past ``num_classes``) and whose samples are :func:`visible_samples`."""
 
-    @staticmethod
-    @override
-    def make_dataset(
-        directory: str | os.PathLike,
-        class_to_idx: dict[str, int],
-        extensions: tuple[str, ...] | None = None,
-        is_valid_file: Any = None,
-        allow_empty: bool = False,
-    ) -> list[tuple[str, int]]:
-        return visible_samples(directory, class_to_idx, extensions, is_valid_file, allow_empty)
+    make_dataset = staticmethod(visible_samples)  # ImageFolder's hook, with its own signature
 
     @override
     def find_classes(self, directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:

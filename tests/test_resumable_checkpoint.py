@@ -75,50 +75,6 @@ def test_no_checkpoint_inside_an_accumulated_step_after_a_resume(tmp_path: Path)
     assert (1, 3) not in saves.saves
 
 
-class _StopAt(Callback):
-    """Stops the fit at the end of optimizer step ``step`` (1-based), as the profiler window's exit_after does."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-        if trainer.global_step == self.step:
-            trainer.should_stop = True
-
-
-@pytest.mark.parametrize("stop", ["should_stop", "max_steps"])
-def test_a_fit_stopped_inside_an_epoch_resumes_the_rest_of_it(tmp_path: Path, stop: str) -> None:
-    def fit(ckpt: Path | None, *callbacks: Callback, **limits: int) -> tuple[pl.Trainer, _Saves]:
-        # last.ckpt as train.py's last_checkpoint: no every_n_*, so Lightning saves it at epoch ends only.
-        last = ResumableCheckpoint(dirpath=tmp_path, filename="last", monitor=None, enable_version_counter=False)
-        saves = _Saves()
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            limit_train_batches=BATCHES,
-            limit_val_batches=1,
-            num_sanity_val_steps=0,
-            callbacks=[last, saves, *callbacks],
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            **limits,
-        )
-        trainer.fit(BoringModel(), ckpt_path=ckpt)
-        return trainer, saves
-
-    if stop == "should_stop":
-        first, saves = fit(None, _StopAt(2), max_epochs=1)
-    else:
-        first, saves = fit(None, max_epochs=1, max_steps=2)
-    assert first.global_step == 2
-    # One save, where the stop came: after batch 2 of epoch 0's 4 (Lightning alone: at the epoch's end, as if done).
-    assert saves.saves == [(2, 2)]
-    resumed, _ = fit(tmp_path / "last.ckpt", max_epochs=1)
-    # The resumed run trains batches 3 and 4 of epoch 0 (Lightning alone: none, the epoch counted as done).
-    assert resumed.global_step == BATCHES
-    assert resumed.current_epoch == 1
-
-
 class _StopAtBatch(Callback):
     """Stops the fit at the end of batch ``batch_idx`` of epoch 0, as max_time's timer can (after any micro-batch)."""
 
@@ -133,6 +89,7 @@ class _StopAtBatch(Callback):
 def _fit_with_last(
     folder: Path, ckpt: Path | None, *callbacks: Callback, **options: object
 ) -> tuple[pl.Trainer, _Saves]:
+    """A fit with ``last.ckpt`` as train.py's last_checkpoint: no every_n_*, so it saves at epoch ends only."""
     last = ResumableCheckpoint(dirpath=folder, filename="last", monitor=None, enable_version_counter=False)
     saves = _Saves()
     trainer = pl.Trainer(
@@ -147,6 +104,35 @@ def _fit_with_last(
     )
     trainer.fit(BoringModel(), ckpt_path=ckpt)
     return trainer, saves
+
+
+class _StopAt(Callback):
+    """Stops the fit at the end of optimizer step ``step`` (1-based), as the profiler window's exit_after does."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
+@pytest.mark.parametrize("stop", ["should_stop", "max_steps"])
+def test_a_fit_stopped_inside_an_epoch_resumes_the_rest_of_it(tmp_path: Path, stop: str) -> None:
+    def fit(ckpt: Path | None, *callbacks: Callback, **limits: int) -> tuple[pl.Trainer, _Saves]:
+        return _fit_with_last(tmp_path, ckpt, *callbacks, limit_train_batches=BATCHES, **limits)
+
+    if stop == "should_stop":
+        first, saves = fit(None, _StopAt(2), max_epochs=1)
+    else:
+        first, saves = fit(None, max_epochs=1, max_steps=2)
+    assert first.global_step == 2
+    # One save, where the stop came: after batch 2 of epoch 0's 4 (Lightning alone: at the epoch's end, as if done).
+    assert saves.saves == [(2, 2)]
+    resumed, _ = fit(tmp_path / "last.ckpt", max_epochs=1)
+    # The resumed run trains batches 3 and 4 of epoch 0 (Lightning alone: none, the epoch counted as done).
+    assert resumed.global_step == BATCHES
+    assert resumed.current_epoch == 1
 
 
 def test_a_stop_inside_an_accumulated_step_waits_for_its_end_and_saves_there(tmp_path: Path) -> None:
