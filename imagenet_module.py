@@ -26,6 +26,8 @@ from pytorch_lightning.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from callbacks.ranges import METRICS, app_range
+
 try:
     from typing_extensions import override
 except ImportError:  # pragma: no cover
@@ -366,6 +368,9 @@ class ImageNetClassifier(pl.LightningModule):
                     if state.get("momentum_buffer") is None:
                         state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         self._align_lr_schedule()
+        # The log interval starts at the end of this fit's first optimizer step (the first step is warm-up: cudnn
+        # benchmarking, compilation); with gradient accumulation that is after its last micro-batch, not its first.
+        self._last_global_step, self._interval_start = self.global_step, None
 
     def _lr_scheduler(self) -> torch.optim.lr_scheduler.LambdaLR | None:
         configs = self.trainer.lr_scheduler_configs
@@ -482,12 +487,19 @@ class ImageNetClassifier(pl.LightningModule):
         if self._interval_start is None:
             self._interval_start, self._interval_step = time.perf_counter(), step
             self._job_start = (self._interval_start, step)
-            self._sums[:3].zero_()
+            with app_range(METRICS):  # the first step's sums are left out: it holds the warm-up (cudnn, compile)
+                self._sums[:3].zero_()
             self._interval_images = 0
             return
         # The same condition on every rank at the same step: Lightning writes step metrics on exactly these steps.
         if step % self.trainer.log_every_n_steps != 0:
             return
+        # Named on the timeline: the step's range has closed (callbacks run first), and this is the interval's sync.
+        with app_range(METRICS):
+            self._log_interval(step, batch_idx)
+
+    def _log_interval(self, step: int, batch_idx: int) -> None:
+        """The interval's metrics, reduced over every rank (its one host sync), logged and printed; the sums reset."""
         totals = self._totals_over_ranks(self._sums[:3], self._interval_images)
         loss_sum, correct, correct5, count = totals.tolist()  # the interval's one host sync
         now = time.perf_counter()

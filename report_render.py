@@ -10,14 +10,17 @@ import io
 import math
 import textwrap
 
-from trace_summary import PHASES
+from trace_summary import EPOCH_START, PHASES
 
 
 def between_text(gaps: list[dict]) -> str:
     """The work between steps of a window: ``epoch end after step 24 (412.3 ms, of which 262.1 ms the next epoch's
-    first batch); ...``."""
+    first batch); ...``, and ``epoch start before step 25 (212.3 ms, the epoch's first batch)`` for a window that
+    opens at an epoch's first step."""
     return "; ".join(
-        f"{g['what']} after step {g['after_step']} ({g['host_ms']:.1f} ms"
+        f"{g['what']} before step {g['after_step'] + 1} ({g['host_ms']:.1f} ms, the epoch's first batch)"
+        if g["what"] == EPOCH_START
+        else f"{g['what']} after step {g['after_step']} ({g['host_ms']:.1f} ms"
         + (f", of which {g['first_fetch_ms']:.1f} ms the next epoch's first batch" if g.get("first_fetch_ms") else "")
         + ")"
         for g in gaps

@@ -241,7 +241,8 @@ def build_report(summaries: Sequence[dict]) -> dict:
 def between_steps(ranks: Sequence[dict]) -> list[dict]:
     """The work between steps inside the window (validation, the epoch's end), each gap at its longest rank: left
     out of images/s and of the GPU busy fraction measured with events, so that those describe the steps. After an
-    epoch's end the gap holds the next epoch's first fetch (``first_fetch_ms``: the loader refilling)."""
+    epoch's end the gap holds the next epoch's first fetch (``first_fetch_ms``: the loader refilling); a window that
+    opens at an epoch's first step lists that fetch as ``epoch start`` before it."""
     longest: dict[tuple[int, str], dict] = {}
     for r in ranks:
         for gap in r.get("between_steps") or ():

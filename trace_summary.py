@@ -26,6 +26,8 @@ STEP_RE = re.compile(r"step (\d+)")
 #: this module needs neither torch nor nvtx): a window's gaps, left out as the live step report leaves them out.
 BETWEEN_STEPS = ("validation", "epoch end", "checkpoint")
 EPOCH_END = "epoch end"
+#: The range inside a step around an epoch's first fetch (callbacks/ranges.py's EPOCH_START).
+EPOCH_START = "epoch start"
 #: HtoD copies smaller than this in a trace are not input batches (a logged scalar, an index): not judged.
 INPUT_COPY_MIN_BYTES = 64 * 1024
 TRACE_NAME_RE = re.compile(r"rank(\d+)_steps(\d+)-(\d+)")
@@ -105,6 +107,8 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
     Work between two steps (:data:`BETWEEN_STEPS` ranges after a step's end: validation, an epoch's end, a save) is a
     gap, as in the live report: listed in ``between_steps``, left out of the wall time, of GPU busy and of the copies
     launched in it; after an epoch's end the next step's first ``data`` range (the loader refilling) joins the gap.
+    When the window's first step holds an ``epoch start`` range (the window opens at an epoch's first step), its first
+    ``data`` range is moved out of it the same way, listed as an ``epoch start`` gap before the window.
     Compute kernels whose launch call the trace does not hold ran work queued before the window (the host ahead of
     the GPU): they belong to no step, and the first step starts on the GPU when they are done.
     """
@@ -119,8 +123,10 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
     step_ranges = [(float(e["ts"]), float(e["ts"] + e["dur"])) for e in steps]
     step_starts = [a for a, _ in step_ranges]
     gaps, first_fetch = _gaps(annotations, main_tid, step_ranges, step_starts)
+    epoch_start = _fold_epoch_start(annotations, main_tid, step_ranges)
     step_starts = [a for a, _ in step_ranges]  # after an epoch's end a step now starts after its first fetch
     host_gaps = [(step_ranges[i][1], step_ranges[i + 1][0]) for i in sorted(gaps)]
+    launch_gaps = host_gaps + ([epoch_start] if epoch_start else [])
     phases: list[dict[str, list[Interval]]] = [{n: [] for n in RANGE_PHASES} for _ in steps]
     for e in annotations:
         if e["name"] in RANGE_PHASES and e.get("tid", main_tid) == main_tid:
@@ -141,8 +147,8 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         return e.get("args", {}).get("stream")
 
     def in_gap(e: dict) -> bool:
-        """Launched in a gap between steps: the gap's work, left out with it."""
-        return any(a <= launch(e) < b for a, b in host_gaps)
+        """Launched in a gap between steps (or in the window's epoch-start fetch): the gap's work, left out with it."""
+        return any(a <= launch(e) < b for a, b in launch_gaps)
 
     def phase_at(i: int, t: float) -> str:
         return next((n for n, spans in phases[i].items() for a, b in spans if a <= t <= b), "other")
@@ -278,7 +284,12 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         # From the first step's start on the GPU (after any backlog) to the end of the last step's last compute
         # kernel, less the gaps: the window as the GPU ran it (longer than the host's when the host ran ahead).
         "gpu_wall_ms": round(gpu_wall / 1000, 4) if previous_end is not None and gpu_wall > 0 else None,
-        "between_steps": [
+        "between_steps": (
+            [{"after_step": rows[0]["step"] - 1, "what": EPOCH_START, "host_ms": moved, "first_fetch_ms": moved}]
+            if epoch_start and (moved := round((epoch_start[1] - epoch_start[0]) / 1000, 4)) > 0
+            else []
+        )
+        + [
             {
                 "after_step": rows[i]["step"],
                 "what": " + ".join(gaps[i]),
@@ -356,6 +367,22 @@ def _gaps(
             step_ranges[i + 1] = (fetched, end)
             first_fetch[i] = fetched - start
     return gaps, first_fetch
+
+
+def _fold_epoch_start(annotations: list[dict], main_tid: Any, step_ranges: list[Interval]) -> Interval | None:
+    """The first step's epoch-start fetch ``(step start, fetch end)``, us, when the step holds an ``epoch start``
+    range; the step is moved to start where that fetch ended (``step_ranges`` is changed in place)."""
+    start, end = step_ranges[0]
+    inside = [e for e in annotations if e.get("tid", main_tid) == main_tid and start <= e["ts"] <= end]
+    if not any(e["name"] == EPOCH_START for e in inside):
+        return None
+    fetches = [e for e in inside if e["name"] == "data"]
+    if not fetches:
+        return None
+    fetch = min(fetches, key=lambda e: e["ts"])
+    fetched = max(start, float(fetch["ts"] + fetch["dur"]))
+    step_ranges[0] = (fetched, end)
+    return (start, fetched)
 
 
 def _find(ranges: Sequence[Interval], starts: Sequence[float], t: float) -> int | None:

@@ -9,8 +9,8 @@ For every process in the report it verifies: exactly the ``step N`` ranges asked
 ``backward`` and ``optimizer`` children (and ``data`` when the loader fetches), and every CUDA kernel launched
 inside a range (by the time of its launch API call, on any thread of the process: autograd runs the backward pass
 on its own thread): a step range, or one of the app's ranges of the work between steps (``validation``, ``epoch
-end``, ``checkpoint``: a window that crosses an epoch's end holds them), counted apart by the innermost. Prints
-a JSON summary; exits 1 when a check fails.
+end``, ``checkpoint``: a window that crosses an epoch's end holds them; ``metrics``: the module's reduction on the
+log steps), counted apart by the innermost. Prints a JSON summary; exits 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from bisect import bisect_right
 from collections import defaultdict
 
 REQUIRED_CHILDREN = ("forward", "backward", "optimizer")
-#: The app's ranges of work between two steps: callbacks/ranges.py's VALIDATION, EPOCH_END and CHECKPOINT.
-BETWEEN_STEPS = ("validation", "epoch end", "checkpoint")
+#: The app's ranges of work between two steps: callbacks/ranges.py's VALIDATION, EPOCH_END, CHECKPOINT and METRICS.
+BETWEEN_STEPS = ("validation", "epoch end", "checkpoint", "metrics")
 
 
 def _tables(db: sqlite3.Connection) -> set[str]:
@@ -118,6 +118,7 @@ def check(path: str, steps: range, processes: int) -> dict:
             "children_ok": children_ok,
             "missing_children": missing,
             "data_ranges": sum(1 for _, _, n in ranges if n == "data"),
+            "epoch_start_ranges": sum(1 for _, _, n in ranges if n == "epoch start"),
             "kernels": len(launches[pid]),
             "kernels_between_steps": dict(in_between),
             "kernels_outside_ranges": outside,

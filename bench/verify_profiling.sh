@@ -5,6 +5,10 @@
 #              nsys --capture-range=cudaProfilerApi
 # epoch      : the same with 25 batches an epoch and validation on: the window crosses validation, a checkpoint and
 #              an epoch's end after step 24 (their kernels must sit in the validation / checkpoint / epoch end ranges)
+# logstep    : the single window with trainer.log_every_n_steps 5: the module's metrics reduction on the log steps
+#              (an all-reduce under DDP) must sit inside a range too
+# epochstart : a window opening at an epoch's first step (25 batches an epoch, window 25-29): the step report must
+#              leave the loader's first fetch of the epoch out of the steps (before_window in the report's JSON)
 # windows    : two windows (steps 20-24 and 40-44) with --capture-range-end=repeat
 # lightning2 : 2 GPUs through Lightning's own launcher: one report holding both ranks
 # torchrun2  : 2 GPUs through torchrun, one report per rank (%q{RANK})
@@ -39,6 +43,18 @@ for stage in "$@"; do
       --data.batch_size 160 --trainer.limit_val_batches 2 --profile.start_step 20 --profile.num_steps 10
     run nsys export --type sqlite --force-overwrite true -o "$out/epoch.sqlite" "$out/epoch.nsys-rep" >/dev/null
     run python3 bench/check_nsys.py "$out/epoch.sqlite" --steps 20-29 ;;
+  logstep)
+    run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/logstep" \
+      python3 train.py "${common[@]}" --trainer.log_every_n_steps 5 --profile.start_step 20 --profile.num_steps 10
+    run nsys export --type sqlite --force-overwrite true -o "$out/logstep.sqlite" "$out/logstep.nsys-rep" >/dev/null
+    run python3 bench/check_nsys.py "$out/logstep.sqlite" --steps 20-29 ;;
+  epochstart)
+    run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/epochstart" python3 train.py \
+      "${common[@]}" --data.batch_size 160 --trainer.limit_val_batches 2 --trainer.logger.init_args.save_dir "$out/epochstart_run" \
+      --profile.start_step 25 --profile.num_steps 5
+    run nsys export --type sqlite --force-overwrite true -o "$out/epochstart.sqlite" "$out/epochstart.nsys-rep" >/dev/null
+    run python3 bench/check_nsys.py "$out/epochstart.sqlite" --steps 25-29
+    find "$out/epochstart_run" -name "*.md" -path "*step_report*" -exec cat {} + | head -40 ;;
   windows)
     run nsys profile "${nsys_flags[@]}" --capture-range-end=repeat -o "$out/windows" \
       python3 train.py "${common[@]}" --profile.start_step '[20,40]' --profile.num_steps 5

@@ -48,7 +48,7 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.profilers import Profiler
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
-from callbacks.ranges import CHECKPOINT, EPOCH_END, VALIDATION, RangeStack
+from callbacks.ranges import CHECKPOINT, EPOCH_END, EPOCH_START, VALIDATION, RangeStack
 from callbacks.step_timer import StepTimer
 
 try:
@@ -197,6 +197,7 @@ class ProfilerWindow(Callback):
         self._report_dir = Path("step_report")
         self._warned: set[str] = set()
         self._limit_val_batches: int | float | None = None  # the trainer's, while exit_after skips validation
+        self._epoch_starting = False  # the next fetch is the first of an epoch, or of this process's training
 
     @property
     def enabled(self) -> bool:
@@ -226,6 +227,9 @@ class ProfilerWindow(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.enabled:
             return
+        # The first fetch of this process refills the loader from empty, also on a resume inside an epoch (where
+        # Lightning calls no on_train_epoch_start).
+        self._epoch_starting = True
         total = trainer.estimated_stepping_batches
         first = trainer.global_step
         last_start, last_end = self.windows[-1]
@@ -302,11 +306,18 @@ class ProfilerWindow(Callback):
         if trainer is not None and trainer.training:
             self._close_between_steps()
             self._begin_step(trainer)
+            if self._epoch_starting:
+                # Named on the timeline, and moved out of the step by the step report: a cost of the epoch's start.
+                self._epoch_starting = False
+                self.ranges.push(EPOCH_START)
+                if self.timer.active and self._step is not None:
+                    self.timer.epoch_start(self._step)
             self.ranges.push("data")
             self._mark("data", True)
 
     def _on_fetch_end(self) -> None:
         self.ranges.pop_if_top("data")
+        self.ranges.pop_if_top(EPOCH_START)
         self._mark("data", False)
 
     def _mark(self, phase: str, begin: bool) -> None:
@@ -320,6 +331,7 @@ class ProfilerWindow(Callback):
         if not self.enabled:
             return
         self._close_between_steps()  # a loader that Lightning does not see fetching: the step starts here
+        self._epoch_starting = False  # its first fetch, if any, was not seen: nothing to name
         self._begin_step(trainer)
         self.ranges.push("forward")
         if self.timer.active and self._step is not None:
@@ -381,6 +393,11 @@ class ProfilerWindow(Callback):
         # a gap the step report leaves out; one inside validation or an epoch's end joins that gap's name.
         if self.enabled and self._step is None:
             self._between_steps(trainer, CHECKPOINT)
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.enabled:
+            self._epoch_starting = True
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

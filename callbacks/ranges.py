@@ -8,7 +8,7 @@ pushed corrupts their nesting) and no less (an unpopped range swallows the rest 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,15 +82,30 @@ EPOCH_END = "epoch end"
 #: The range around every checkpoint save of the app (ResumableCheckpoint, the preemption save): it runs where no step
 #: range is open (checkpoint callbacks run after the step closes), with the device-to-host copies of the whole state.
 CHECKPOINT = "checkpoint"
+#: The range around the module's metrics reduction on the log steps (every ``trainer.log_every_n_steps``): Lightning
+#: calls the module's ``on_train_batch_end`` after the callbacks' (the step range is closed by then); the reduction is
+#: a few kernels, an all-reduce under DDP and the interval's one host sync. Part of the steady state, so not a gap of
+#: the step report (it stays in images/s), but named on the timeline.
+METRICS = "metrics"
+#: The range inside a step around an epoch's first fetch (also the first after a start or resume): the loader's
+#: workers start on the epoch's order and the fetch waits for them (hundreds of ms), a cost of the epoch boundary that
+#: the step report moves out of the step.
+EPOCH_START = "epoch start"
 
 
 @contextmanager
-def checkpoint_range() -> Iterator[None]:
-    """An NVTX range ``checkpoint`` around a save, balanced also when the save raises; also a ``record_function`` of
-    that name, which a Kineto trace records when one is on (outside a trace it records nothing)."""
-    nvtx.push_range(CHECKPOINT)
+def app_range(name: str) -> Iterator[None]:
+    """An NVTX range ``name`` around work outside the step ranges (:data:`CHECKPOINT`, :data:`METRICS`), balanced also
+    when the work raises; also a ``record_function`` of that name, which a Kineto trace records when one is on
+    (outside a trace it records nothing)."""
+    nvtx.push_range(name)
     try:
-        with torch.profiler.record_function(CHECKPOINT):
+        with torch.profiler.record_function(name):
             yield
     finally:
         nvtx.pop_range()
+
+
+def checkpoint_range() -> AbstractContextManager[None]:
+    """:func:`app_range` of a checkpoint save."""
+    return app_range(CHECKPOINT)

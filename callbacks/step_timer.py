@@ -23,7 +23,7 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 import cuda_env
 import step_report
 import trace_summary
-from callbacks.ranges import EPOCH_END
+from callbacks.ranges import EPOCH_END, EPOCH_START
 from prefetcher import CopyEvents, DevicePrefetcher, SyntheticBatches
 
 BEGIN, END = True, False
@@ -73,6 +73,7 @@ class StepTimer:
         self._cpu_decoder: str | None = None
         self._decode_threads: int | None = None
         self._between: dict[int, list[str]] = {}  # step -> the work between it and the next step (epoch end, ...)
+        self._epoch_starts: set[int] = set()  # steps whose first fetch was an epoch's first (the loader refilling)
 
     # --- recording (inside the window only) ------------------------------------------------------------
     def start(self, trainer: pl.Trainer, window: tuple[int, int]) -> None:
@@ -134,6 +135,12 @@ class StepTimer:
         to the next step is left out of the window's wall time and GPU busy fraction, and listed apart."""
         self._between.setdefault(after_step, []).append(name)
 
+    def epoch_start(self, step: int) -> None:
+        """``step``'s first fetch is an epoch's first (or this process's first): the loader refills from empty. When
+        ``step`` opens the window, that fetch is moved out of it as the window's epoch-start gap (after an epoch's end
+        inside the window it joins that gap)."""
+        self._epoch_starts.add(step)
+
     def begin(self, step: int, name: str) -> None:
         self.mark(step, name, BEGIN)
 
@@ -158,6 +165,7 @@ class StepTimer:
         self.active = False
         self._marks, self._copies, self._images, self._open = [], [], {}, set()
         self._between = {}
+        self._epoch_starts = set()
 
     # --- the window's end -------------------------------------------------------------------------------
     def finish(self, trainer: pl.Trainer) -> dict:
@@ -165,6 +173,7 @@ class StepTimer:
         for prefetcher in self._prefetchers:
             prefetcher.timing = None  # before the sync: a copy issued after it would still be in flight
         marks, copies, images, between = self._marks, list(self._copies), self._images, self._between
+        epoch_starts = self._epoch_starts
         window = self.window
         cuda = self._cuda
         offset = 0.0
@@ -194,6 +203,19 @@ class StepTimer:
         }
         first_fetch = {step: ms for step, ms in first_fetch.items() if ms > 0}  # none: a loader Lightning cannot see
         left_out = sum(b["host"][0] - a["host"][1] for a, b in gaps)
+        # A window that opens at an epoch's first step: the same refill, before the window's steady state; moved out
+        # of the first step (its span then starts where the fetch ended) and listed as the window's first gap.
+        epoch_start: list[dict] = []
+        gap_hosts = [(a["host"][1], b["host"][0]) for a, b in gaps]
+        if steps and steps[0]["row"]["step"] in epoch_starts:
+            opened = steps[0]["host"][0]
+            moved = _fold_first_fetch(steps[0])
+            if moved > 0:
+                step = steps[0]["row"]["step"]
+                epoch_start.append(
+                    {"after_step": step - 1, "what": EPOCH_START, "host_ms": moved, "first_fetch_ms": moved}
+                )
+                gap_hosts.insert(0, (opened, steps[0]["host"][0]))
         summary: dict[str, Any] = {
             "rank": trainer.global_rank,
             "device": str(self._device),
@@ -202,7 +224,8 @@ class StepTimer:
             "steps": [s["row"] for s in steps],
             "wall_ms": round(steps[-1]["host"][1] - steps[0]["host"][0] - left_out, 4) if steps else 0.0,
             "gpu_wall_ms": None,
-            "between_steps": [
+            "between_steps": epoch_start
+            + [
                 {
                     "after_step": a["row"]["step"],
                     "what": " + ".join(between[a["row"]["step"]]),
@@ -238,7 +261,6 @@ class StepTimer:
             summary["gpu_busy_source"] = "events" if span > 0 else None
             # Until the GPU reaches the window's first event it still runs the steps before the window: compute too.
             backlog = (host[0] - offset, 0.0)
-            gap_hosts = [(a["host"][1], b["host"][0]) for a, b in gaps]
             summary["copies"] = _copies(copies, marks[0][4], steps, backlog, gap_hosts, _input_wait(steps, offset))
         return summary
 

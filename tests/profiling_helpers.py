@@ -44,12 +44,13 @@ def fit_with_window(
     train_steps: int = 20,
     val_batches: int = 0,
     stage: str = "fit",
+    ckpt_path: str | None = None,
     **trainer_kwargs: Any,
 ) -> pl.Trainer:
     """resnet18 on the CPU for ``max_steps`` steps of 4 images (synthetic, ``train_steps`` batches an epoch, or the
     JPEG ``folder``) with ``window`` (a ProfilerWindow) and ``extra`` callbacks; ``val_batches`` validation batches
     (none by default); ``checkpointing`` for checkpoint callbacks in ``extra``; ``stage`` ``validate`` runs
-    ``trainer.validate`` instead of fit; ``trainer_kwargs`` go to the Trainer."""
+    ``trainer.validate`` instead of fit, from ``ckpt_path`` if given; ``trainer_kwargs`` go to the Trainer."""
     from datamodule import ImageNetDataModule
     from imagenet_module import ImageNetClassifier
 
@@ -80,5 +81,5 @@ def fit_with_window(
             **trainer_kwargs,
         }
     )
-    (trainer.fit if stage == "fit" else trainer.validate)(model, data)
+    (trainer.fit if stage == "fit" else trainer.validate)(model, data, ckpt_path=ckpt_path)
     return trainer

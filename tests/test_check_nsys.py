@@ -49,19 +49,21 @@ def step(n: int, start: int) -> list[tuple[int, int, str]]:
 
 
 def test_kernels_between_steps_count_apart_and_only_unnamed_ones_fail(checker, tmp_path: Path) -> None:
-    # A checkpoint save inside the epoch's end: its kernel counts as the checkpoint's (the innermost range).
+    # A checkpoint save inside the epoch's end: its kernel counts as the checkpoint's (the innermost range). The
+    # module's metrics reduction on a log step runs after the step's range: its own range.
     ranges = step(20, 0) + [(10, 12, "validation"), (12, 15, "epoch end"), (13, 14, "checkpoint")] + step(21, 15)
-    ok = write_report(tmp_path / "ok.sqlite", ranges, [2, 5, 11, 12.5, 13.5, 20])
+    ranges += [(25, 26, "metrics")]
+    ok = write_report(tmp_path / "ok.sqlite", ranges, [2, 5, 11, 12.5, 13.5, 20, 25.5])
     result = checker.check(str(ok), range(20, 22), processes=1)
     process = result["processes"][PID]
     assert result["ok"] and process["ok"]
     assert process["steps"] == [20, 21] and process["children_ok"] and process["data_ranges"] == 2
-    assert process["kernels"] == 6
-    assert process["kernels_between_steps"] == {"validation": 1, "epoch end": 1, "checkpoint": 1}
+    assert process["kernels"] == 7
+    assert process["kernels_between_steps"] == {"validation": 1, "epoch end": 1, "checkpoint": 1, "metrics": 1}
     assert process["kernels_outside_ranges"] == 0
 
     # A kernel in the gap after the last step (no range at all) fails the check, as does a missing step.
-    bad = write_report(tmp_path / "bad.sqlite", ranges, [2, 26])
+    bad = write_report(tmp_path / "bad.sqlite", ranges, [2, 27])
     result = checker.check(str(bad), range(20, 23), processes=1)
     process = result["processes"][PID]
     assert not result["ok"] and process["kernels_outside_ranges"] == 1 and process["steps"] == [20, 21]
@@ -73,3 +75,9 @@ def test_a_step_without_its_children_fails_and_main_exits_1(checker, tmp_path: P
     assert checker.main([str(path), "--steps", "20-21"]) == 1
     [result] = json.loads(capsys.readouterr().out)
     assert result["processes"][str(PID)]["missing_children"] == {"21": ["backward", "optimizer"]}
+
+
+def test_the_ranges_between_steps_are_the_apps(checker) -> None:
+    import callbacks.ranges as r
+
+    assert checker.BETWEEN_STEPS == (r.VALIDATION, r.EPOCH_END, r.CHECKPOINT, r.METRICS)

@@ -538,7 +538,15 @@ class RecordingLinear(torch.nn.Module):
         return logits
 
 
-def test_logged_interval_and_epoch_metrics_are_means_over_their_images() -> None:
+# Global steps 2, 4, 6, 8 log batches {1}, {2, 3}, {4, 5}, {6, 7} (0-based); batch 0 starts the clock. With two
+# micro-batches a step, steps 2 and 4 log batches {2, 3} and {4, 5, 6, 7}: the whole first step (batches 0 and 1)
+# starts the clock, not its first micro-batch alone.
+@pytest.mark.parametrize(
+    ("accumulate", "logs"),
+    [(1, [(2, range(1, 2)), (4, range(2, 4)), (6, range(4, 6)), (8, range(6, 8))]),
+     (2, [(2, range(2, 4)), (4, range(4, 8))])],
+)  # fmt: skip
+def test_logged_interval_and_epoch_metrics_are_means_over_their_images(accumulate, logs) -> None:
     """train_loss/acc1/acc5 every log_every_n_steps steps over the steps since the last log (the first step only starts
     the clock), and train_loss_epoch over every image of the epoch, from the logits the model actually returned."""
     torch.manual_seed(0)
@@ -557,6 +565,7 @@ def test_logged_interval_and_epoch_metrics_are_means_over_their_images() -> None
         accelerator="cpu",
         max_epochs=2,
         log_every_n_steps=2,
+        accumulate_grad_batches=accumulate,
         **QUIET,
     )
     trainer.fit(model, loader)
@@ -576,11 +585,10 @@ def test_logged_interval_and_epoch_metrics_are_means_over_their_images() -> None
             "train_acc5": sum(per_batch[k][2] for k in ks) / n,
         }
 
-    # Global steps 2, 4, 6, 8 log batches {1}, {2, 3}, {4, 5}, {6, 7} (0-based); batch 0 starts the clock.
     intervals = [
         (step, {k: v for k, v in m.items() if k != "train_img_s"}) for step, m in logged if step != "train_loss_epoch"
     ]
-    expected = [(2, means(range(1, 2))), (4, means(range(2, 4))), (6, means(range(4, 6))), (8, means(range(6, 8)))]
+    expected = [(step, means(ks)) for step, ks in logs]
     assert [s for s, _ in intervals] == [s for s, _ in expected]
     for (_, got), (_, want) in zip(intervals, expected, strict=True):
         assert got == pytest.approx(want, rel=1e-6)

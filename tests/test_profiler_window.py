@@ -70,11 +70,63 @@ def test_step_ranges_nest_phases_in_order_and_exit_after_the_window(tmp_path, re
         trainer = fit(tmp_path, ProfilerWindow(start_step=2, num_steps=2), max_steps=10)
     assert trainer.global_step == 4  # steps 0..3 ran; exit_after stopped right after the window (steps 2, 3)
     tree = recorder.tree()
-    # Lightning ends the epoch after the stop too (its hooks, metrics, checkpoint): that is named as well.
-    assert [name for name, _ in tree] == ["step 0", "step 1", "step 2", "step 3", "epoch end"]
-    for name, children in tree[:-1]:
+    # Lightning ends the epoch after the stop too (its hooks, metrics, checkpoint): that is named as well. After the
+    # first step the module resets its metric sums (the first step is warm-up), in a range of its own.
+    assert [name for name, _ in tree] == ["step 0", "metrics", "step 1", "step 2", "step 3", "epoch end"]
+    steps = [(name, children) for name, children in tree if name.startswith("step")]
+    # The epoch's first fetch (the loader refilling) is named inside the first step.
+    (_, first), *rest = steps
+    assert [(c, [g for g, _ in grandchildren]) for c, grandchildren in first] == [
+        ("epoch start", ["data"]), ("forward", []), ("backward", []), ("optimizer", [])
+    ]  # fmt: skip
+    for name, children in rest:
         assert [c for c, _ in children] == ["data", "forward", "backward", "optimizer"], name
         assert all(grandchildren == [] for _, grandchildren in children)
+    assert recorder.balanced()
+
+
+def test_the_first_fetch_after_a_resume_inside_an_epoch_is_named_an_epoch_start(tmp_path, recorder):
+    # Lightning calls no on_train_epoch_start on a resume inside an epoch, but the loader refills from empty there too.
+    saves = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)
+    fit(tmp_path, ProfilerWindow(), max_steps=1, train_steps=5, extra=[saves], checkpointing=True)
+    (checkpoint,) = (tmp_path / "ckpt").iterdir()  # after step 0, inside the first epoch
+    recorder.events.clear()
+
+    class EpochStarts(pl.Callback):
+        calls = 0
+
+        def on_train_epoch_start(self, *_: Any) -> None:
+            EpochStarts.calls += 1
+
+    fit(tmp_path, ProfilerWindow(start_step=1, num_steps=1, report=False), max_steps=4, train_steps=5,
+        extra=[EpochStarts()], ckpt_path=str(checkpoint))  # fmt: skip
+    assert EpochStarts.calls == 0  # Lightning goes on inside the epoch
+    steps = {name: [c for c, _ in children] for name, children in recorder.tree() if name.startswith("step")}
+    assert list(steps) == ["step 1"]  # the resumed run's first step, the window's one
+    assert steps["step 1"][0] == "epoch start"
+    assert recorder.balanced()
+
+
+def test_the_metrics_reduction_of_every_log_step_has_its_range(tmp_path, recorder, monkeypatch):
+    # Lightning calls the module's on_train_batch_end after the callbacks' (the step's range is closed): the
+    # reduction's kernels, all-reduce and host sync ran in no range (an nsys check with log_every_n_steps 5 counted
+    # 2 kernels outside every range a log step). Now each is in `metrics`.
+    from imagenet_module import ImageNetClassifier
+
+    reduced_inside: list[list[str]] = []
+    original = ImageNetClassifier._totals_over_ranks
+
+    def recording(self, sums, images):  # noqa: ANN001, ANN202
+        reduced_inside.append([name for kind, name in recorder.events if kind == "push"][-1:])
+        return original(self, sums, images)
+
+    monkeypatch.setattr(ImageNetClassifier, "_totals_over_ranks", recording)
+    fit(tmp_path, ProfilerWindow(start_step=5, num_steps=1), max_steps=10, log_every_n_steps=2)
+    top = [name for name, _ in recorder.tree()]
+    # global_step 2, 4, 6 are log steps: after steps 1, 3 and 5; after step 0 the sums are reset.
+    assert top == ["step 0", "metrics", "step 1", "metrics", "step 2", "step 3", "metrics", "step 4", "step 5",
+                   "metrics", "epoch end"]  # fmt: skip
+    assert reduced_inside == [["metrics"]] * 3
     assert recorder.balanced()
 
 
@@ -105,12 +157,16 @@ def test_work_between_steps_is_named_validation_and_epoch_end(tmp_path, recorder
     assert trainer.global_step == 6  # exit_after: the window's steps 1..5, then stop
     top = [name for name, _ in recorder.tree()]
     # Epochs of 3 steps: validation then the epoch's end after steps 2 and 5; the sanity check has no range.
-    assert top == ["step 0", "step 1", "step 2", "validation", "epoch end", "step 3", "step 4", "step 5", "epoch end"]
+    assert top == ["step 0", "metrics", "step 1", "step 2", "validation", "epoch end", "step 3", "step 4", "step 5",
+                   "epoch end"]  # fmt: skip
+    # The next epoch's first fetch is named in its first step.
+    assert [c for c, _ in dict(recorder.tree())["step 3"]][0] == "epoch start"
     # Each save inside a range; after the stop the epoch still ends (and saves), but exit_after skips validation.
     assert saved_inside == {"train epoch end": [["epoch end"]] * 2, "validation end": [["validation"]]}
     # Each save is also a `checkpoint` range of its own (ResumableCheckpoint), inside the range it runs in.
     between = [(name, [c for c, _ in children]) for name, children in recorder.tree() if not name.startswith("step")]
-    assert between == [("validation", ["checkpoint"]), ("epoch end", ["checkpoint"]), ("epoch end", ["checkpoint"])]
+    assert between == [("metrics", []), ("validation", ["checkpoint"]), ("epoch end", ["checkpoint"]),
+                       ("epoch end", ["checkpoint"])]  # fmt: skip
     assert recorder.balanced()
 
 
@@ -151,17 +207,22 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path, recorder):
     trainer = fit(tmp_path, ProfilerWindow(start_step=1, num_steps=1), max_steps=10, accumulate=2)
     assert trainer.global_step == 2
     tree = recorder.tree()
-    assert [name for name, _ in tree] == ["step 0", "step 1", "epoch end"]
-    for _, children in tree[:-1]:
-        names = [c for c, _ in children]
-        assert names == ["data", "forward", "backward", "data", "forward", "backward", "optimizer"]
+    assert [name for name, _ in tree] == ["step 0", "metrics", "step 1", "epoch end"]
+    for name, children in tree:
+        if name.startswith("step"):
+            first = "epoch start" if name == "step 0" else "data"  # the epoch's first fetch is named
+            names = [c for c, _ in children]
+            assert names == [first, "forward", "backward", "data", "forward", "backward", "optimizer"]
 
 
 def test_data_range_wraps_the_real_loader_fetch(tmp_path, recorder):
     root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=4, val_per_class=2, image_size=40)
     trainer = fit(tmp_path, ProfilerWindow(start_step=1, num_steps=2), max_steps=10, folder=root)
     assert trainer.global_step == 3
-    assert [[c for c, _ in children][0] for _, children in recorder.tree()[:-1]] == ["data"] * 3
+    steps = [children for name, children in recorder.tree() if name.startswith("step")]
+    assert [[(c, [g for g, _ in grand]) for c, grand in children][0] for children in steps] == [
+        ("epoch start", ["data"]), ("data", []), ("data", [])
+    ]  # fmt: skip
 
 
 def test_emit_nvtx_is_entered_and_exited_only_around_the_window(tmp_path, recorder, monkeypatch):

@@ -542,6 +542,7 @@ def test_trace_between_step_range_names_are_the_apps():
 
     names = (callbacks.ranges.VALIDATION, callbacks.ranges.EPOCH_END, callbacks.ranges.CHECKPOINT)
     assert trace_summary.BETWEEN_STEPS == names and trace_summary.EPOCH_END == callbacks.ranges.EPOCH_END
+    assert trace_summary.EPOCH_START == callbacks.ranges.EPOCH_START
 
 
 def test_trace_without_step_ranges_is_refused():

@@ -268,6 +268,51 @@ def test_the_gap_of_an_epoch_end_and_the_next_first_fetch_are_left_out_of_wall_t
     assert result["overall"]["gpu_busy"] == round(27 / 31, 4) and result["ranks"][0]["source"] == "events"
 
 
+def test_a_window_opening_at_an_epochs_first_step_leaves_its_first_fetch_out():
+    # The nsys check of a window at an epoch's first step (window 25-29, 25 batches an epoch) read "input-bound: data
+    # wait is 44.9% of the step": 212 ms of step 25's 276 were the loader refilling, 1-2 ms in each later step.
+    fake = FakeDevice()
+    timer = StepTimer()
+    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    prefetcher = DevicePrefetcher([], "cpu")
+    trainer = fake_trainer("cuda:0", loader=[prefetcher])
+    timer.start(trainer, (25, 27))
+    timer.epoch_start(25)
+    # A copy issued during the refill (host 150 ms; on the GPU at 199..200 with no step to overlap): the gap's.
+    prefetcher.timing.append(CopyEvents(fake.event(199), fake.event(200), fake.event(200), 0.150, True, 100))
+    run_step(timer, fake, 25, [(0, 0), (200, 200), (205, 206), (209, 212), (210, 213)])
+    run_step(timer, fake, 26, [(211, 214), (212, 215), (217, 220), (221, 226), (222, 227)])
+    fake.at(300, 300)
+    summary = timer.finish(trainer)
+    # Step 25 starts where the fetch ended, on both clocks, with no data phase left.
+    assert summary["steps"][0]["host"] == phases(0, 5, 4, 1, 0, 10)
+    assert summary["steps"][0]["gpu"] == phases(0, 6, 6, 1, 0, 13)
+    gap = {"after_step": 24, "what": "epoch start", "host_ms": pytest.approx(200), "first_fetch_ms": pytest.approx(200)}
+    assert summary["between_steps"] == [gap]
+    # Wall 200..222 = 22 ms on the host; GPU 200..227 = 27 ms, of which only step 26's 1 ms data and the 1 ms
+    # between the steps stalled.
+    assert summary["wall_ms"] == pytest.approx(22) and summary["gpu_wall_ms"] == pytest.approx(27)
+    assert summary["gpu_busy"] == round(25 / 27, 4)
+    assert summary["copies"]["count"] == 0  # the refill's copy is left out with it
+    report = step_report.build_report([summary])
+    assert report["overall"]["data_pct"] == pytest.approx(100 * 1 / 26, abs=0.01)  # of the steps' 13 + 13 GPU ms
+    assert "input-bound" not in report["verdict"]
+    text = "epoch start before step 25 (200.0 ms, the epoch's first batch)"
+    assert f"  between steps, left out of img/s and GPU busy: {text}" in step_report.summary_lines(report)
+    assert text in step_report.markdown(report)
+
+    # The same window without the mark (opening in the middle of an epoch): the fetch is the step's own.
+    timer = StepTimer()
+    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    timer.start(fake_trainer("cuda:0"), (25, 27))
+    run_step(timer, fake, 25, [(0, 0), (200, 200), (205, 206), (209, 212), (210, 213)])
+    run_step(timer, fake, 26, [(211, 214), (212, 215), (217, 220), (221, 226), (222, 227)])
+    fake.at(300, 300)
+    summary = timer.finish(fake_trainer("cuda:0"))
+    assert summary["between_steps"] == [] and summary["steps"][0]["host"]["data"] == pytest.approx(200)
+    assert "input-bound" in step_report.build_report([summary])["verdict"]
+
+
 def test_a_step_without_a_fetch_range_after_an_epoch_end_keeps_its_start():
     # A loader Lightning does not report fetches of opens no `data` phase: nothing to fold, no first_fetch_ms.
     fake = FakeDevice()
@@ -419,6 +464,35 @@ def test_the_kineto_trace_of_such_a_window_gives_the_same_gap(tmp_path):
     # microseconds between a callback's perf_counter and its record_function.
     assert offline["wall_ms"] == pytest.approx(live["wall_ms"], rel=0.05)
     assert offline["wall_ms"] < sum(s["host"]["total"] for s in offline["steps"]) + gap["host_ms"]
+
+
+def test_a_window_at_an_epochs_first_step_leaves_the_refill_out_live_and_in_its_kineto_trace(tmp_path):
+    # Epochs of 3 steps: the window opens at step 3, the second epoch's first; its first fetch is the loader's refill.
+    window = ProfilerWindow(start_step=3, num_steps=2, torch_profiler=True, trace_dir=str(tmp_path / "traces"))
+    fit(tmp_path, window, max_steps=10, train_steps=3)
+    (live,) = window.reports[0]["ranks"]
+    (gap,) = live["between_steps"]
+    assert (gap["after_step"], gap["what"]) == (2, "epoch start") and gap["host_ms"] == gap["first_fetch_ms"] > 0
+    assert [s["step"] for s in live["steps"]] == [3, 4] and live["steps"][0]["host"]["data"] == 0
+    assert live["steps"][1]["host"]["data"] > 0  # a later fetch stays the step's own
+    assert live["wall_ms"] == pytest.approx(
+        sum(s["host"]["total"] for s in live["steps"]), abs=5
+    )  # the two steps and the loop's own gap between them, not the refill
+    (trace,) = window.trace_files
+    offline = trace_summary.summarize_trace(trace_summary.load_trace(trace), batch_size=4)
+    (offline_gap,) = offline["between_steps"]  # from the trace's `epoch start` range in step 3
+    assert (offline_gap["after_step"], offline_gap["what"]) == (2, "epoch start")
+    assert offline_gap["host_ms"] == pytest.approx(gap["host_ms"], rel=0.05, abs=0.5)
+    assert offline["steps"][0]["host"]["data"] == 0
+    assert offline["wall_ms"] == pytest.approx(live["wall_ms"], rel=0.05)
+
+
+def test_the_first_fetch_of_a_window_at_the_runs_first_step_is_an_epoch_start_too(tmp_path):
+    window = ProfilerWindow(start_step=0, num_steps=2)
+    fit(tmp_path, window, max_steps=10)
+    (rank,) = window.reports[0]["ranks"]
+    assert [(g["after_step"], g["what"]) for g in rank["between_steps"]] == [(-1, "epoch start")]
+    assert "epoch start before step 0 (" in step_report.markdown(window.reports[0])
 
 
 def test_a_save_every_n_steps_inside_the_window_is_a_listed_gap(tmp_path):
