@@ -27,14 +27,23 @@ def between_text(gaps: list[dict]) -> str:
     )
 
 
+def ranks_text(report: dict) -> str:
+    """``2 rank(s)``, or ``1 of 8 rank(s) (the others not traced)`` for a report read from some ranks' traces."""
+    run, n = report["overall"].get("run_world_size"), report["world_size"]
+    return f"{n} of {run} rank(s) (the others not traced)" if run else f"{n} rank(s)"
+
+
 def markdown(report: dict) -> str:
     """The readable report."""
     o, w = report["overall"], report["window"]
     copies = o.get("copies")
     out = [f"# Step-time report: steps {w[0]}-{w[1]}", "", f"**{report['verdict']}**", "", "| | |", "|---|---|"]
     rows = [
-        ("ranks", report["world_size"]),
-        (f"images/s (all ranks, {o.get('clock') or 'host'} clock)", o["images_per_s"]),
+        ("ranks", ranks_text(report)),
+        (
+            f"images/s ({'these' if o.get('run_world_size') else 'all'} ranks, {o.get('clock') or 'host'} clock)",
+            o["images_per_s"],
+        ),
         ("median step (host, ms)", o.get("host_step_ms", o["step_ms"])),
         ("median step (GPU, ms)", o.get("gpu_step_ms")),
         ("data wait (% of step, mean / max of ranks)", f"{o['data_pct']} / {o['data_pct_max']}"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import cuda_env
-from report_render import between_text, markdown, render_png
+from report_render import between_text, markdown, ranks_text, render_png
 from trace_summary import PHASES, TRACE_NAME_RE, copy_stats, load_trace, summarize_trace
 
 #: Thresholds of the verdict.
@@ -78,7 +79,7 @@ def rank_stats(summary: dict) -> dict:
     wall = summary["gpu_wall_ms"] if clock == "gpu" else host_wall
 
     def rate(ms: float) -> float | None:
-        return round(out["images"] / (ms / 1000), 2) if out["images"] and ms > 0 else None
+        return _figure(out["images"] / (ms / 1000)) if out["images"] and ms > 0 else None
 
     out["images_per_s"], out["host_images_per_s"] = rate(wall), rate(host_wall)
     out["step_ms"] = out[clock]["median_ms"]["total"] if steps else None
@@ -86,10 +87,9 @@ def rank_stats(summary: dict) -> dict:
     # The data wait that held the GPU up: per step, the host waited for its batch and the GPU idled meanwhile (the
     # smaller of the two clocks' data times). A host that runs ahead also waits for batches, with the GPU still busy
     # on the steps it queued before (on an H200 a loader took 43% of such a host's step while the GPU was busy 100%:
-    # not an input-bound run). Events time every fetch; a Kineto trace's GPU data time is only the gap before a
-    # step's first kernel (under gradient accumulation the later fetches are not in it), so a trace-only summary
-    # keeps the host's data time.
-    data_clock = "gpu" if "gpu" in clocks and summary.get("source") != "kineto" else "host"
+    # not an input-bound run). Events time every fetch; a Kineto trace's GPU data time is the compute stream's idle
+    # time before each fetch's first kernel (trace_summary), the same measure from kernels.
+    data_clock = "gpu" if "gpu" in clocks else "host"
     out["data_clock"] = data_clock if steps else None
     out["data_pct"] = out["host"]["pct"]["data"] if steps else None
     out["host_data_ms"] = out["host"]["mean_ms"]["data"] if steps else None
@@ -109,6 +109,11 @@ def rank_stats(summary: dict) -> dict:
     return out
 
 
+def _figure(x: float) -> float:
+    """A rate to two decimals, or to four significant digits when that is finer (a CPU run's 2.43 img/s)."""
+    return round(x, max(2, 3 - math.floor(math.log10(abs(x))))) if x else 0.0
+
+
 def stragglers(ranks: Sequence[dict], pct: float = STRAGGLER_PCT) -> list[dict]:
     """Ranks that spend more than ``pct``% of a step longer in the unsynchronized phases than the other ranks.
 
@@ -122,10 +127,16 @@ def stragglers(ranks: Sequence[dict], pct: float = STRAGGLER_PCT) -> list[dict]:
         return []
     clock = "gpu" if all("gpu" in r["stats"]["clocks"] for r in ranks) else "host"
     step = statistics.median(r["stats"][clock]["median_ms"]["total"] for r in ranks)
+
+    def unsynced(r: dict) -> float:
+        """The rank's median time in UNSYNCED phases on the clock every rank has (one rank's host data time against
+        another's GPU data time made a straggler of an identical rank)."""
+        return statistics.median(sum(s[clock][p] for p in UNSYNCED) for s in r["steps"])
+
     out = []
     for r in ranks:
         others = [o for o in ranks if o is not r]
-        excess = r["stats"]["unsynced_ms"] - statistics.median(o["stats"]["unsynced_ms"] for o in others)
+        excess = unsynced(r) - statistics.median(unsynced(o) for o in others)
         if step > 0 and excess > step * pct / 100:
             medians = r["stats"][clock]["median_ms"]
             by_phase = {
@@ -184,9 +195,12 @@ def build_report(summaries: Sequence[dict]) -> dict:
         for r in ranks
         if r["stats"].get("host_data_pct") is not None
     ]
+    # Ranks of the run that the report lacks: only some ranks traced (profile.ranks), read back from their traces.
+    run_ranks = max((r.get("world_size") or 0 for r in ranks), default=0)
     overall = {
         "world_size": len(ranks),
-        "images_per_s": round(sum(ips), 2) if ips and None not in ips else None,
+        "run_world_size": run_ranks if run_ranks > len(ranks) else None,
+        "images_per_s": _figure(sum(ips)) if ips and None not in ips else None,
         "step_ms": round(statistics.median(steps_ms), 4) if steps_ms else None,
         "host_step_ms": round(statistics.median(host_ms), 4) if host_ms else None,
         # The clock of images_per_s and step_ms: "gpu" when every rank's GPU timed its steps (see rank_stats).
@@ -408,8 +422,10 @@ def summary_lines(report: dict) -> list[str]:
     """The few lines printed on rank 0 at the end of a window."""
     o = report["overall"]
     w = report["window"]
-    head = f"step report, steps {w[0]}-{w[1]}, {report['world_size']} rank(s):"
+    head = f"step report, steps {w[0]}-{w[1]}, {ranks_text(report)}:"
     parts = [f"{o['images_per_s']:.1f} img/s" if o["images_per_s"] else "img/s n/a"]
+    if o.get("run_world_size"):
+        parts[0] += " (of those ranks)"
     if o["step_ms"] is not None:
         clock = o.get("clock") or "host"  # "GPU/host" only if ranks differed (some without CUDA events)
         on = "host clock"

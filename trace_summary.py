@@ -117,6 +117,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
     steps = sorted((e for e in annotations if STEP_RE.fullmatch(e["name"])), key=lambda e: e["ts"])
     if rank is None:
         rank = int(trace.get("distributedInfo", {}).get("rank", 0))
+    world_size = trace.get("distributedInfo", {}).get("world_size")
     if not steps:
         raise ValueError("the trace has no 'step N' ranges (record it with --profile.torch_profiler true)")
     main_tid = steps[0].get("tid")
@@ -137,6 +138,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     ]
     launches = {e["args"]["correlation"]: float(e["ts"]) for e in runtime}
+    launch_tids = {e["args"]["correlation"]: e.get("tid", main_tid) for e in runtime}
     launch_ends = {e["args"]["correlation"]: float(e["ts"] + e["dur"]) for e in runtime}
 
     def launch(e: dict) -> float:
@@ -155,7 +157,15 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
 
     kernels = [e for e in events if e.get("cat") == "kernel"]
     launched = [(k, launch(k), _find(step_ranges, step_starts, launch(k))) for k in kernels]
-    compute_streams = {stream(k) for k, t, i in launched if i is not None and phase_at(i, t) == "forward"}
+    # The model's forward runs on the main thread: producer threads (data.decode gpu) launch decode kernels on their
+    # own streams at any time, also during forward; those streams are input work, not compute.
+    compute_streams = {
+        stream(k)
+        for k, t, i in launched
+        if i is not None
+        and phase_at(i, t) == "forward"
+        and launch_tids.get(k.get("args", {}).get("correlation"), main_tid) == main_tid
+    }
     if not compute_streams and kernels:  # no launch correlation: the stream with the most kernel time
         busiest: dict[Any, float] = {}
         for k in kernels:
@@ -172,9 +182,11 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
     # GPU-bound run), as the live report's events measure it: the backlog belongs to no step.
     backlog_end = max((float(k["ts"] + k["dur"]) for k, _, _ in on_compute if unlaunched(k)), default=None)
     per_step: list[dict[str, list[Interval]]] = [{n: [] for n in (*RANGE_PHASES, "other")} for _ in steps]
+    step_kernels: list[list[tuple[float, float, float]]] = [[] for _ in steps]  # (launch, start, end) per step
     for k, t, i in on_compute:
         if i is not None and not unlaunched(k):
             per_step[i][phase_at(i, t)].append((float(k["ts"]), float(k["ts"] + k["dur"])))
+            step_kernels[i].append((t, float(k["ts"]), float(k["ts"] + k["dur"])))
     copies = [
         e
         for e in events
@@ -184,10 +196,12 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         and not in_gap(e)
     ]
     h2d = [0.0] * len(steps)
+    copied = [False] * len(steps)
     for c in copies:
         i = _find(step_ranges, step_starts, launch(c))
         if i is not None:
             h2d[i] += c["dur"] / 1000
+            copied[i] = True
     # The end of the compute-stream work launched in each gap (validation's forward passes, a save's copies): the GPU
     # may still run it after the host has started the next step.
     gap_work_end = [max((k["ts"] + k["dur"] for k, t, _ in on_compute if a <= t < b), default=a) for a, b in host_gaps]
@@ -203,7 +217,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         if i - 1 in gap_after:
             pending = max(host[0], gap_work_end[gap_after[i - 1]])
         gpu = None
-        if spans:
+        if spans and launches:
             first, last = min(a for a, _ in spans), max(b for _, b in spans)
             begin = host[0] if previous_end is None else previous_end
             if previous_end is None:
@@ -216,7 +230,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
                 begin = min(first, max(previous_end, pending))
                 gpu_gaps.append((previous_end, begin))
             pending = None
-            gpu = {"data": max(0.0, first - begin)}
+            gpu = {"data": max(0.0, first - begin) + _later_fetch_waits(step_kernels[i], phases[i]["data"])}
             for name in ("forward", "backward", "optimizer"):
                 gpu[name] = length(per_step[i][name])
             gpu["total"] = last - begin
@@ -229,7 +243,7 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
                 "images": batch_size * micro if batch_size else None,
                 "host": _ms(host_times),
                 "gpu": _ms(gpu) if gpu else None,
-                "h2d": round(h2d[i], 4) if copies else None,
+                "h2d": round(h2d[i], 4) if copied[i] else None,  # as with events: a step without a copy has none
                 "lag": None,
             }
         )
@@ -237,6 +251,8 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         step_ranges[0][0] if gpu_start is None else gpu_start,
         previous_end if previous_end is not None else step_ranges[-1][1],
     )
+    # Without launch calls (a trace recorded elsewhere, or with them dropped) a kernel is placed by its own start, and
+    # the kernels of a host that ran ahead fall after their steps' ranges: no GPU clock then, GPU busy only.
     busy = None
     skipped = length(gpu_gaps)
     gpu_wall = span[1] - span[0] - skipped
@@ -250,8 +266,11 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         # well overlap compute it cannot see: such copies are left out of the overlap.
         first_kernel = min((k["ts"] for k in kernels), default=float("inf"))
         for copy_stream in {stream(c) for c in copies}:
-            cover = [  # the steps' kernels: the gap's work is left out, as the gap is
-                (k["ts"], k["ts"] + k["dur"]) for k in kernels if stream(k) != copy_stream and not in_gap(k)
+            # The steps' compute kernels (not another lane's decode); the gap's work is left out, as the gap is.
+            cover = [
+                (k["ts"], k["ts"] + k["dur"])
+                for k in kernels
+                if stream(k) != copy_stream and stream(k) in compute_streams and not in_gap(k)
             ]
             spans = [
                 (c["ts"], c["ts"] + c["dur"]) for c in copies if stream(c) == copy_stream and c["ts"] >= first_kernel
@@ -302,6 +321,8 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
         "gpu_busy_source": "kineto" if busy is not None else None,
         "copies": copy_summary,
         "input": "trace",
+        # The run's ranks (profile.ranks may have traced only some): a report of fewer says so.
+        "world_size": int(world_size) if world_size else None,
     }
 
 
@@ -367,6 +388,20 @@ def _gaps(
             step_ranges[i + 1] = (fetched, end)
             first_fetch[i] = fetched - start
     return gaps, first_fetch
+
+
+def _later_fetch_waits(kernels: Sequence[tuple[float, float, float]], fetches: Sequence[Interval]) -> float:
+    """The compute stream's idle time at a step's later fetches (gradient accumulation's next micro-batches): for each
+    ``data`` range after the first, from the end of the compute launched before the fetch ended to the start of the
+    first kernel launched after it. ``kernels`` are the step's ``(launch, start, end)``; the first fetch's wait is the
+    gap before the step's first kernel, counted by the caller."""
+    waited = 0.0
+    for _, fetched in sorted(fetches)[1:]:
+        before = [end for launch, _, end in kernels if launch < fetched]
+        after = [start for launch, start, _ in kernels if launch >= fetched]
+        if before and after:
+            waited += max(0.0, min(after) - max(before))
+    return waited
 
 
 def _fold_epoch_start(annotations: list[dict], main_tid: Any, step_ranges: list[Interval]) -> Interval | None:

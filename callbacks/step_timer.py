@@ -383,7 +383,9 @@ def _copies(
     compute = [backlog]
     for s in steps:
         forward = s["gpu_phases"].get("forward")
-        compute.append((forward[0][0] if forward else s["gpu"][0], s["gpu"][1]))
+        # Under gradient accumulation the later micro-batches' fetches lie inside the span: where the compute stream
+        # waited there for its input, no compute ran for a copy to hide behind.
+        compute += _minus((forward[0][0] if forward else s["gpu"][0], s["gpu"][1]), s["gpu_phases"].get("data", []))
     starts = [s["host"][0] for s in steps]
     total = inside = 0.0
     done = []
@@ -405,6 +407,20 @@ def _copies(
     pinned = sum(c.pinned is True for c in done)
     pageable = sum(c.pinned is False for c in done)
     return trace_summary.copy_stats(total, inside, pinned, pageable, len(done), "events", waited_ms)
+
+
+def _minus(span: tuple[float, float], holes: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``span`` less the ``holes`` in it: the pieces left, in order."""
+    pieces, begin = [], span[0]
+    for a, b in sorted(holes):
+        if b <= begin or a >= span[1]:
+            continue
+        if a > begin:
+            pieces.append((begin, a))
+        begin = max(begin, b)
+    if begin < span[1]:
+        pieces.append((begin, span[1]))
+    return pieces
 
 
 def _input_wait(steps: list[dict], offset: float) -> float:

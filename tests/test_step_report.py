@@ -25,7 +25,7 @@ import trace_summary
 from callbacks import ProfilerWindow
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
-from step_report import build_report, verdict
+from step_report import build_report, markdown, summary_lines, verdict
 from trace_summary import overlap, phase_times, summarize_trace, union
 
 
@@ -401,8 +401,112 @@ def test_kineto_trace_gives_known_phases_overlap_and_busy_fraction():
     assert summary["wall_ms"] == 0.2
     report = build_report([summary])
     assert report["findings"][0] == "copies are pageable (1 of 2): enable pin_memory in the DataLoader"
-    # A trace alone keeps the host's data time (its GPU data time misses later fetches under accumulation).
-    assert report["findings"][1].startswith("input-bound: data wait is 20.0% of the step")
+    # On the GPU's clock, as with events: per step the smaller of the host's and the GPU's data time (0.01 and 0.03
+    # ms) of the GPU's mean step (0.095 ms).
+    assert report["ranks"][0]["stats"]["data_clock"] == "gpu"
+    assert report["findings"][1].startswith("input-bound: data wait is 21.1% of the step")
+
+
+def test_a_trace_of_a_host_running_ahead_of_a_busy_gpu_is_not_input_bound():
+    # The host records each 50 us step with 30 us of it in the loader; the GPU runs each step's kernels back to back
+    # in 100 us. A trace-only report took the host's 60% data time and read "input-bound" for a GPU never waiting
+    # after the window's first step.
+    events, correlation = [], 1
+    for i in range(4):
+        host = 50 * i
+        events.append(_x(f"step {20 + i}", "user_annotation", host, 50))
+        for name, at, dur in (("data", 0, 30), ("forward", 30, 8), ("backward", 38, 8), ("optimizer", 46, 3)):
+            events.append(_x(name, "user_annotation", host + at, dur))
+        for launched, start, dur in ((31, 0, 40), (39, 40, 50), (47, 90, 10)):
+            events.append(_x("cudaLaunchKernel", "cuda_runtime", host + launched, 1, correlation=correlation))
+            events.append(_x("kernel", "kernel", 31 + 100 * i + start, dur, stream=7, correlation=correlation))
+            correlation += 1
+    summary = summarize_trace({"traceEvents": events}, batch_size=8)
+    assert [s["gpu"]["data"] for s in summary["steps"]] == [0.031, 0.0, 0.0, 0.0]
+    stats = build_report([summary])["ranks"][0]["stats"]
+    assert stats["data_clock"] == "gpu" and stats["host"]["pct"]["data"] == 60.0
+    assert stats["data_pct"] == pytest.approx(100 * 0.0075 / 0.10775, abs=0.01)  # step 20's 31 us wait alone
+
+
+def test_decode_kernels_a_producer_thread_launches_during_forward_are_not_compute():
+    # data.decode gpu: a producer thread (tid 9) launches a decode kernel on its own stream 30 while forward runs;
+    # counted as a compute stream, its time went into forward (the reviewer's 40 us one made step 11's phases sum to
+    # 123 us of 100) and copies overlapping it counted as hidden behind compute.
+    def trace(producer: bool) -> dict:
+        events = []
+        for n, base in ((10, 0), (11, 100)):
+            events.append(_x(f"step {n}", "user_annotation", base, 100))
+            for name, at, dur in (("data", 0, 5), ("forward", 5, 30), ("backward", 35, 45), ("optimizer", 80, 15)):
+                events.append(_x(name, "user_annotation", base + at, dur))
+        kernels = [(base + launched, base + start, dur, 7, 1) for base in (0, 100)
+                   for launched, start, dur in ((6, 8, 30), (36, 38, 45), (81, 83, 12))]  # fmt: skip
+        if producer:
+            kernels += [(base + 20, base + 21, 10, 30, 9) for base in (0, 100)]
+        kernels += [(base + 20, base + 96, 4, 30, 9) for base in (0, 100)]  # after the step's last compute kernel
+        kernels += [(base + 2, base + 95, 4, 40, 1) for base in (0, 100)]  # each step's batch copy, stream 40
+        for correlation, (launched, start, dur, stream, tid) in enumerate(kernels):
+            events.append(_x("cudaLaunchKernel", "cuda_runtime", launched, 1, tid=tid, correlation=correlation))
+            if stream == 40:
+                events.append(_x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", start, dur, stream=stream,
+                                 correlation=correlation, bytes=1 << 20))  # fmt: skip
+            else:
+                events.append(_x("kernel", "kernel", start, dur, stream=stream, correlation=correlation))
+        return {"traceEvents": events}
+
+    plain, decoding = (summarize_trace(trace(p), batch_size=8) for p in (False, True))
+    assert decoding["steps"][1]["gpu"] == plain["steps"][1]["gpu"]
+    assert decoding["steps"][1]["gpu"]["forward"] == 0.03
+    # The copies (95..99 us of each step) overlap no compute kernel (the last ends at 95), only the decode ones.
+    assert decoding["copies"]["overlap"] == plain["copies"]["overlap"] == 0.0
+
+
+def test_a_report_from_some_ranks_traces_says_how_many_ranks_the_run_had():
+    # profile.ranks [0] on 8 GPUs: one trace; its images/s is that rank's, not "all ranks" of the run.
+    trace = handmade_trace()
+    trace["distributedInfo"] = {"rank": 0, "world_size": 8}
+    report = build_report([summarize_trace(trace, batch_size=8)])
+    assert report["overall"]["run_world_size"] == 8 and report["world_size"] == 1
+    lines = summary_lines(report)
+    assert lines[0].endswith(", 1 of 8 rank(s) (the others not traced):") and "img/s (of those ranks)" in lines[1]
+    text = markdown(report)
+    assert "| ranks | 1 of 8 rank(s) (the others not traced) |" in text and "| images/s (these ranks, " in text
+    # Every rank's trace: the run's ranks, as before.
+    trace["distributedInfo"] = {"rank": 0, "world_size": 1}
+    report = build_report([summarize_trace(trace, batch_size=8)])
+    assert report["overall"]["run_world_size"] is None and summary_lines(report)[0].endswith(", 1 rank(s):")
+    assert "| images/s (all ranks, " in markdown(report)
+
+
+def test_identical_ranks_on_different_clocks_are_no_stragglers():
+    # Hosts that ran ahead: 30 ms of host data a step, none on the GPU. One step of rank 1 without GPU times (a
+    # Kineto step with no kernel attributed) left it on the host's clock; its host data against rank 0's GPU data
+    # made it a straggler "+30%" with "data +0.00 ms".
+    ranks = []
+    for r in range(2):
+        summary = rank_summary(rank=r, data=30.0) | {"gpu_wall_ms": 400.0}
+        for row in summary["steps"]:
+            row["gpu"] = {**row["gpu"], "data": 0.0, "backward": row["gpu"]["backward"] + 30.0}
+        ranks.append(summary)
+    ranks[1]["steps"][-1]["gpu"] = None
+    assert build_report(ranks)["stragglers"] == []
+
+
+def test_a_trace_counts_the_gpus_wait_at_every_micro_batchs_fetch():
+    # Two micro-batches a step: the second fetch (host 20..30 us) held the compute stream idle from 25 (the first
+    # micro-batch's last kernel) to 40 (the first kernel launched after the fetch).
+    events = [_x("step 5", "user_annotation", 0, 60)]
+    for name, at, dur in (("data", 0, 5), ("forward", 5, 5), ("backward", 10, 10), ("data", 20, 10),
+                          ("forward", 30, 5), ("backward", 35, 10), ("optimizer", 45, 5)):  # fmt: skip
+        events.append(_x(name, "user_annotation", at, dur))
+    for correlation, (launched, start, dur) in enumerate(((6, 6, 9), (11, 15, 10), (31, 40, 5), (36, 45, 10),
+                                                          (46, 55, 3))):  # fmt: skip
+        events.append(_x("cudaLaunchKernel", "cuda_runtime", launched, 1, correlation=correlation))
+        events.append(_x("kernel", "kernel", start, dur, stream=7, correlation=correlation))
+    (row,) = summarize_trace({"traceEvents": events}, batch_size=8)["steps"]
+    assert row["gpu"]["data"] == pytest.approx(0.006 + 0.015)  # before the first kernel, and at the second fetch
+    assert sum(row["gpu"][p] for p in ("data", "forward", "backward", "optimizer", "other")) == pytest.approx(
+        row["gpu"]["total"]
+    )
 
 
 def test_a_backlog_queued_before_the_trace_belongs_to_no_step():
@@ -417,9 +521,13 @@ def test_a_backlog_queued_before_the_trace_belongs_to_no_step():
     assert s11["gpu"]["total"] == 0.098  # unchanged
     assert summary["gpu_wall_ms"] == 0.178  # 12..190 us, not 0..190
     assert summary["gpu_busy"] == round(108 / 178, 4)  # the backlog's kernel is not the window's work
-    # Without launch calls in the trace the backlog cannot be told from step 10's own kernels: as before.
-    bare = {"traceEvents": [e for e in trace["traceEvents"] if e["cat"] != "cuda_runtime"]}
-    assert summarize_trace(bare, batch_size=8)["gpu_wall_ms"] == 0.19
+    # Without launch calls in the trace neither the backlog nor a step's kernels can be placed: no GPU clock (a host
+    # that ran ahead had its kernels counted in no step, and the rate read twice the true one), GPU busy only.
+    bare = summarize_trace({"traceEvents": [e for e in trace["traceEvents"] if e["cat"] != "cuda_runtime"]}, 8)
+    assert bare["gpu_wall_ms"] is None and [s["gpu"] for s in bare["steps"]] == [None, None]
+    assert bare["gpu_busy"] is not None
+    stats = build_report([bare])["ranks"][0]["stats"]
+    assert stats["clocks"] == ["host"] and stats["clock"] == "host"
 
 
 def test_input_wait_is_what_the_first_kernel_after_a_fetch_waits_beyond_its_launch_and_the_work_before_it():
@@ -493,7 +601,7 @@ def test_kineto_trace_with_validation_and_an_epoch_end_between_steps_leaves_the_
     # The copy launched in the gap is the gap's; the other overlaps conv_fwd entirely.
     copies = summary["copies"]
     assert copies["count"] == 1 and copies["time_ms"] == 0.01 and copies["overlap"] == 1.0
-    assert s11["h2d"] == 0.01 and s10["h2d"] == 0.0
+    assert s11["h2d"] == 0.01 and s10["h2d"] is None  # no copy issued in step 10: none, as events say
     # The same from the report: the gap is listed, the verdict judges the steps.
     report = build_report([summary])
     assert report["overall"]["between_steps"] == summary["between_steps"]

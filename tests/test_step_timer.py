@@ -313,6 +313,49 @@ def test_a_window_opening_at_an_epochs_first_step_leaves_its_first_fetch_out():
     assert "input-bound" in step_report.build_report([summary])["verdict"]
 
 
+def test_a_copy_the_second_micro_batch_waited_for_is_not_overlapped_by_the_steps_span():
+    # Two micro-batches: the step's compute span (first forward .. step end) holds the second fetch, where the compute
+    # stream waited 10 ms for a copy; that copy overlapped no compute (the report read "prefetch hidden, 100%").
+    fake = FakeDevice()
+    timer = StepTimer()
+    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    prefetcher = DevicePrefetcher([], "cpu")
+    trainer = fake_trainer("cuda:0", loader=[prefetcher])
+    timer.start(trainer, (0, 1))
+    batch = (torch.zeros(4, 1), torch.zeros(4))
+
+    def micro_batch(host: float, gpu: float, wait: float) -> float:
+        fake.at(host, gpu)
+        timer.begin(0, "data")
+        fake.at(host + 1, gpu + 1 + wait)  # the compute stream passes the fetch once the copy is done
+        timer.end(0, "data")
+        timer.add_images(0, batch)
+        timer.begin(0, "forward")
+        fake.at(host + 2, gpu + 11 + wait)
+        timer.end(0, "forward")
+        timer.begin(0, "backward")
+        fake.at(host + 3, gpu + 31 + wait)
+        timer.end(0, "backward")
+        return gpu + 31 + wait
+
+    fake.at(0, 0)
+    timer.begin(0, "step")
+    gpu = micro_batch(0, 0, 0)
+    prefetcher.timing.append(CopyEvents(fake.event(gpu + 1), fake.event(gpu + 11), fake.event(gpu + 11), 0.0035, True,
+                                        1 << 20))  # fmt: skip
+    gpu = micro_batch(3.5, gpu, 10)
+    timer.begin(0, "optimizer")
+    fake.at(8, gpu + 5)
+    timer.end_phases(0)
+    timer.end(0, "step")
+    fake.at(200, 200)
+    summary = timer.finish(trainer)
+    copies = summary["copies"]
+    assert (copies["count"], copies["overlap"], copies["hidden"]) == (1, 0.0, 0.0)
+    assert copies["waited_ms"] == pytest.approx(11)
+    assert step_report.build_report([summary])["verdict"].startswith("copies serialize with compute")
+
+
 def test_a_step_without_a_fetch_range_after_an_epoch_end_keeps_its_start():
     # A loader Lightning does not report fetches of opens no `data` phase: nothing to fold, no first_fetch_ms.
     fake = FakeDevice()
