@@ -18,7 +18,8 @@
 # resized-P: the split-P run (VARIANTS default app_synthetic,app_folder,app_folder_gpu@0.85) on the JPEG folder and
 #            on its copy by resize_dataset.py at short side SIDE (default 256), one after the other, each with its own
 #            synthetic row; COMPILE=MODE compiles every app row with that torch.compile mode (MODE:tuned: and
-#            model.compile_tuning, as everywhere COMPILE is read); then bench/pil_decode_rate.py on both folders, both
+#            model.compile_tuning, as everywhere COMPILE is read), put before any +option; a raw row as it is (the
+#            plain loop's default mode); then bench/pil_decode_rate.py on both folders, both
 #            decoders (data.cpu_decoder pil and torchvision), one core and CORES-2 processes at once; e.g.
 #            VARIANTS=app_synthetic,app_folder_tv,app_folder for the workers' two decoders side by side
 # autotune-P: the app on synthetic data compiled with max-autotune under nsys for DURATION s (default 300; nsys then
@@ -72,7 +73,22 @@ jpegs() {
   [ -d "$data" ] || { rm -rf "$data.partial" && python3 bench/make_jpeg_folder.py "$data.partial" --classes 100 \
     --train-per-class "$pc" --val-per-class 4 > "$out/jpegs.txt" && mv "$data.partial" "$data"; }
 }
-table() { grep -v "^app\|^raw" "$1"; }
+# A bench/throughput.py log's table (and bench/cpu_load.py's report after it); without one (a variant failed, or the
+# stage's timeout stopped the run) the log's last 60 lines: the variants' stderr passes through to the log, so that is
+# the error or the threads' stacks.
+table() { if grep -q "^| variant" "$1"; then sed -n '/^| variant/,$p' "$1"; else tail -60 "$1"; fi; }
+# The comma-separated variants $2 with the torch.compile mode $1 (MODE or MODE:tuned) in each app variant, where
+# bench/throughput.py's order NAME[@SHARE][:MODE][+OPTION...] puts it: before any +option (+threads=N, +bucket_view).
+# raw stays as it is: the plain loop always compiles with the default mode and takes no suffix.
+with_mode() {
+  local v head list out=()
+  IFS=, read -ra list <<< "$2"
+  for v in "${list[@]}"; do
+    head=${v%%+*}
+    if [ "$head" = raw ]; then out+=("$v"); else out+=("$head:$1${v#"$head"}"); fi
+  done
+  (IFS=,; echo "${out[*]}")
+}
 # train.py's arguments for COMPILE=MODE[:tuned] (none when COMPILE is unset or empty).
 compile_args() {
   [ -n "${COMPILE:-}" ] && echo --model.compile "${COMPILE%:tuned}"
@@ -120,11 +136,10 @@ for stage in "$@"; do
       --data "$data" > "$out/throughput_$stage.txt" 2>&1
     table "$out/throughput_$stage.txt" ;;
   resized-*)
-    jpegs; p=${stage#*-}; cores=${CORES:-16}; side=${SIDE:-256}; flags=(); suffix=""
-    [ -n "${COMPILE:-}" ] && flags=(--compile) && suffix=":$COMPILE"
+    jpegs; p=${stage#*-}; cores=${CORES:-16}; side=${SIDE:-256}; flags=()
     resized "$side" || continue
     variants=${VARIANTS:-app_synthetic,app_folder,app_folder_gpu@0.85}
-    [ -n "$suffix" ] && variants=$(echo "$variants" | sed "s/\(,\|$\)/$suffix\1/g")
+    [ -n "${COMPILE:-}" ] && flags=(--compile) && variants=$(with_mode "$COMPILE" "$variants")
     for folder in "$data" "${data}_$side"; do
       BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
         bench/throughput.py --arch resnet50 --precision "$p" --channels-last "${flags[@]}" --workers $((cores - 2)) \
@@ -184,7 +199,7 @@ for stage in "$@"; do
     read -ra extra <<< "${PRODUCER_ARGS:-}"
     for v in app_synthetic $(echo "${VARIANTS:-app_folder_gpu_tv@0.5,app_folder_gpu_tv@0.7}" | tr , ' '); do
       log="$out/producer${TAG:+_$TAG}_${v//[@:+=]/_}.txt"
-      head=${v%%+*}; child="$head:$mode${v#"$head"}"  # the mode goes before +options (+threads=N)
+      child=$(with_mode "$mode" "$v")  # the mode goes before +options (+threads=N)
       BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
         bench/producer_timing.py "${sync[@]}" "${extra[@]}" -- bench/throughput.py --arch resnet50 --precision bf16 --channels-last \
         --compile --workers $((cores - 2)) --data "$data" --child "$child" > "$log" 2>&1

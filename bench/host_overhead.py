@@ -132,10 +132,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--steps", type=int, default=300, help="timed steps per repeat")
-    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=30, help="untimed steps first, at least 1 (default %(default)s)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--variants", default="raw,lightning,app,app_nvtx")
     a = p.parse_args(argv)
+    # The clock starts at the end of step --warmup (StepClock counts steps from 1), and the first steps carry the
+    # one-time costs (CUDA's start-up, the first launches) that the timed ones must not.
+    if a.warmup < 1:
+        p.error(f"--warmup {a.warmup}: give at least 1 untimed step (the clock starts at the end of step --warmup)")
+    if a.steps < 1:
+        p.error(f"--steps {a.steps}: give at least 1 timed step")
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device here")
     runners: dict[str, Callable[[], float]] = {

@@ -1,6 +1,11 @@
 """Writes an ImageNet-like JPEG folder for throughput runs: many classes, 300-500 px sides, about 100 KB at q90.
 
-    python bench/make_jpeg_folder.py /tmp/jpegs --classes 100 --train-per-class 64 --val-per-class 8
+    python bench/make_jpeg_folder.py /tmp/jpegs --classes 100 --train-per-class 400 --val-per-class 4
+
+The defaults (100 classes of 400 training images: 40,000, about 4 GB) make a folder that bench/throughput.py takes:
+each GPU's first epoch must hold the warm-up, the timed steps and two batches, at batch 256 18,432 images on one GPU
+(20 + 50 steps eager) and 28,672 compiled (60 + 50), 36,864 eager on two GPUs (bench/gpu_session.sh makes 400 per
+class, more with more GPUs). Fewer, e.g. ``--train-per-class 50``, suit bench/pil_decode_rate.py.
 
 Decode cost depends on pixel count and entropy, so the images mimic ImageNet's, not its content: random sizes and
 aspect ratios in ImageNet's typical range, smooth colour fields plus textured noise tuned so that a q90 JPEG weighs
@@ -44,15 +49,24 @@ def write_class(args: tuple[Path, str, int, int, int]) -> int:
     return total
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("root", type=Path)
     p.add_argument("--classes", type=int, default=100)
-    p.add_argument("--train-per-class", type=int, default=64)
+    p.add_argument(
+        "--train-per-class",
+        type=int,
+        default=400,
+        help="default %(default)s: enough for bench/throughput.py's defaults on one GPU, compiled too",
+    )
     p.add_argument("--val-per-class", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse(argv)
     jobs = [(a.root, "train", c, a.train_per_class, a.seed) for c in range(a.classes)]
     jobs += [(a.root, "val", c, a.val_per_class, a.seed) for c in range(a.classes)]
     with ProcessPoolExecutor(a.processes) as pool:

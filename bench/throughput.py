@@ -72,6 +72,8 @@ session); ``reduce-overhead:tuned`` took 212-258 s, ``reduce-overhead`` 58-77 s 
 in the time limits around the run (``BENCH_STACKS_AFTER_S`` applies to each variant's process and prints its
 threads' stacks; bench/gpu_session.sh's STAGE_TIMEOUT to the whole run).
 ``BENCH_STACKS_EVERY_S`` instead prints them at every such interval and does not exit: to follow a long compile.
+Each variant's stderr passes through to this script's stderr as it is written (its stdout is read for the result),
+so the stacks show while the variant runs, and stay in the log when a time limit around the run stops it.
 Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
 launcher (``--launcher lightning``: it re-executes this script per rank) or under torchrun. Images/s count all GPUs;
 "scaling" is img/s on N GPUs / (N x img/s of the same variant on 1 GPU).
@@ -209,6 +211,15 @@ def workers_decoder(name: str) -> str:
     return "torchvision" if name.endswith("_tv") else "pil"
 
 
+def default_workers(gpus: int) -> int:
+    """``--workers`` when not given: each GPU's share of the cores this process may run on (its CPU affinity:
+    ``taskset -c 0-15`` gives 16 whatever the machine has), less two for its rank's training thread and the
+    prefetcher's producer, at least 1; as bench/gpu_session.sh picks them (CORES-2 on one GPU, cores per GPU minus
+    two under DDP)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // gpus - 2)
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--arch", default="resnet50")
@@ -220,11 +231,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--warmup",
         type=int,
-        help="untimed steps first (default 20 eager, 60 compiled: on an H200 the compiled fp16 app ran at 0.865 of "
-        "the plain loop after 20 steps, and at the loop's speed after 60; bench/RESULTS.md)",
+        help="untimed steps first, at least 1 (default 20 eager, 60 compiled: on an H200 the compiled fp16 app ran at "
+        "0.865 of the plain loop after 20 steps, and at the loop's speed after 60; bench/RESULTS.md)",
     )
     p.add_argument("--data", help="JPEG folder (ImageNet layout) for app_folder")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 8)
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="loader workers per GPU (data.workers) of the folder rows; default: the cores this process may run on "
+        "(its CPU affinity, as taskset sets it) divided by the run's largest --gpus count, minus two per GPU for its "
+        f"training thread and producer, at least 1 (bench/gpu_session.sh's choice; here {default_workers(1)} on 1 GPU)",
+    )
     p.add_argument("--variants", default="raw,app_synthetic,app_nvtx")
     p.add_argument("--gpus", default="1", help="comma-separated GPU counts to run every variant on, e.g. 1,2")
     p.add_argument("--launcher", default="lightning", choices=["lightning", "torchrun"], help="app under DDP")
@@ -246,6 +263,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.warmup is None:
         a.warmup = 60 if a.compile else 20
+    # StepClock starts at the end of step --warmup, counted from 1; the warm-up also holds cudnn's benchmarking of
+    # its kernel choices and, compiled, the compilation, none of which may be timed.
+    if a.warmup < 1:
+        p.error(f"--warmup {a.warmup}: give at least 1 untimed step (cudnn's benchmarking and compilation run there)")
+    if a.steps < 1:
+        p.error(f"--steps {a.steps}: give at least 1 timed step")
+    try:
+        a.gpu_counts = [int(g) for g in a.gpus.split(",")]
+    except ValueError:
+        a.gpu_counts = []
+    if not a.gpu_counts or min(a.gpu_counts) < 1:
+        p.error(f"--gpus {a.gpus!r}: give comma-separated GPU counts of at least 1, e.g. 1,2")
+    if a.workers is None:
+        # Per process: under DDP every rank starts its own workers. A variant run alone (--child) on several GPUs
+        # has its count in BENCH_GPUS (the parent's children have the parent's --gpus too).
+        gpus = max(a.gpu_counts + ([int(os.environ.get("BENCH_GPUS", "1"))] if a.child else []))
+        a.workers = default_workers(gpus)
     try:
         a.inductor_options = inductor_options(a.inductor)
     except ValueError as error:
@@ -300,7 +334,7 @@ def apply_inductor_options(options: dict) -> None:
 
 
 def run_raw(a: argparse.Namespace) -> dict:
-    if not Path(a.raw_loop).is_file():  # in the variant's process: the parent prints its stderr
+    if not Path(a.raw_loop).is_file():  # in the variant's process: its stderr reaches the parent's
         sys.exit(
             f"--raw-loop {a.raw_loop} does not exist: the raw variant runs a plain PyTorch loop that this repository "
             "does not ship; pass its path with --raw-loop, or leave raw out of --variants"
@@ -480,6 +514,16 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         sys.exit(str(error))
     if a.child:
+        # A variant run alone (``--child``, e.g. under bench/producer_timing.py) gets the parent's check of the
+        # folder too, on the GPU count its parent or the caller set.
+        try:
+            folder = split_variant(a.child)[0].startswith("app_folder")
+        except ValueError as error:
+            sys.exit(f"--child: {error}")
+        if folder and not a.data:
+            sys.exit("app_folder needs --data PATH (an ImageNet-layout JPEG folder: bench/make_jpeg_folder.py)")
+        if folder:
+            check_epoch_room(a.data, int(os.environ.get("BENCH_GPUS", "1")), a.batch, a.warmup, a.steps)
         apply_inductor_options(a.inductor_options)
         result = run_raw(a) if a.child == "raw" else run_app(a, a.child)
         if result:
@@ -487,7 +531,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     args = list(argv if argv is not None else sys.argv[1:])
     rows: dict[tuple[str, int], dict] = {}
-    gpu_counts = [int(g) for g in a.gpus.split(",")]
+    gpu_counts = a.gpu_counts
     try:
         [split_variant(variant) for variant in a.variants.split(",")]
     except ValueError as error:
@@ -519,10 +563,14 @@ def main(argv: list[str] | None = None) -> None:
                     f"--nproc_per_node={gpus}",
                     *cmd[1:],
                 ]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "BENCH_GPUS": str(gpus)})
+            # stdout carries the RESULT line; stderr passes through as the variant writes it (BENCH_STACKS_EVERY_S's
+            # stacks during a long compile, and what a variant printed before a time limit around the run killed it).
+            proc = subprocess.run(
+                cmd, stdout=subprocess.PIPE, stderr=None, text=True, env={**os.environ, "BENCH_GPUS": str(gpus)}
+            )
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode != 0 or not lines:
-                print(proc.stdout[-3000:], proc.stderr[-8000:], file=sys.stderr)  # stderr: every thread's stack
+                print(proc.stdout[-3000:], file=sys.stderr)  # its stderr (every thread's stack) is already there
                 sys.exit(f"variant {variant} on {gpus} GPU(s) failed with exit code {proc.returncode}")
             rows[variant, gpus] = json.loads(lines[-1][len("RESULT ") :])
             print(f"{variant} x{gpus}: {rows[variant, gpus]}", flush=True)

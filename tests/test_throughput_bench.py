@@ -24,13 +24,23 @@ def stub_children(monkeypatch, img_s: Callable[[list, dict], float] = lambda cmd
     ``(cmd, env)`` go into, in order."""
     calls: list[tuple[list, dict]] = []
 
-    def fake_run(cmd, capture_output, text, env):  # noqa: ANN001
+    def fake_run(cmd, stdout, stderr, text, env):  # noqa: ANN001
+        assert stdout == subprocess.PIPE and stderr is None  # the result read, the variant's stderr passed through
         calls.append((cmd, env))
         result = {"img_s": img_s(cmd, env), "ms_per_step": 1.0, "peak_mem_gib": 11.0}
         return SimpleNamespace(returncode=0, stdout="RESULT " + json.dumps(result) + "\n", stderr="")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     return calls
+
+
+def image_folder(root, classes: int = 3, per_class: int = 20):  # noqa: ANN001, ANN201
+    """``root/train/c<i>/<k>.JPEG``, empty files: the epoch check counts files, it does not open them."""
+    for c in range(classes):
+        (root / "train" / f"c{c}").mkdir(parents=True)
+        for i in range(per_class):
+            (root / "train" / f"c{c}" / f"{i}.JPEG").touch()
+    return root
 
 
 def child(cmd: list) -> str:
@@ -188,10 +198,7 @@ def test_compiled_runs_warm_up_longer_unless_told(throughput) -> None:
 def test_a_folder_whose_epoch_ends_inside_the_timed_steps_is_refused(throughput, tmp_path) -> None:
     """2 GPUs halve each GPU's epoch: on the bench's 30,000-image folder the 20 + 50 steps of batch 256 crossed an
     epoch's end there (58 batches per GPU), and not on 1 GPU (117)."""
-    for c in range(3):
-        (tmp_path / "train" / f"c{c}").mkdir(parents=True)
-        for i in range(20):
-            (tmp_path / "train" / f"c{c}" / f"{i}.JPEG").touch()
+    image_folder(tmp_path, classes=3, per_class=20)
     (tmp_path / "train" / "c0" / "notes.txt").touch()  # not an image: not counted
     (tmp_path / "train" / ".ipynb_checkpoints").mkdir()  # hidden: no class, as for the app's dataset
     for i in range(30):
@@ -451,3 +458,76 @@ def test_the_raw_variant_without_the_plain_loop_names_the_option(throughput, tmp
         throughput.main(["--child", "raw", "--raw-loop", str(tmp_path / "raw_loop.py")])
     said = str(stopped.value)
     assert f"--raw-loop {tmp_path / 'raw_loop.py'} does not exist" in said and "leave raw out of --variants" in said
+
+
+@pytest.mark.parametrize("argv", [["--warmup", "0"], ["--compile", "--warmup", "-1"], ["--steps", "0"]])
+def test_no_warm_up_or_no_timed_step_is_refused(throughput, capsys, argv) -> None:
+    """StepClock starts at the end of step --warmup, counted from 1: with 0 it never started, and the img/s came from
+    the machine's uptime."""
+    with pytest.raises(SystemExit):
+        throughput.parse(argv)
+    err = capsys.readouterr().err
+    option, value = argv[-2:]
+    assert f"{option} {value}: give at least 1" in err
+    with pytest.raises(SystemExit):
+        throughput.main(["--variants", "app_synthetic", *argv])
+    assert throughput.parse(["--warmup", "1", "--steps", "1"]).warmup == 1
+
+
+def test_a_variant_run_alone_checks_its_folder_s_epoch_too(throughput, monkeypatch, tmp_path) -> None:
+    """``--child app_folder...`` (as bench/producer_timing.py runs it, or by hand) gets the parent's epoch check, on
+    the GPU count of BENCH_GPUS (1 without it)."""
+    image_folder(tmp_path)  # 60 images: 15 batches of 4 on one GPU, 7 on two
+    ran = []
+    monkeypatch.setattr(throughput, "run_app", lambda a, variant: ran.append(variant) or {})
+    argv = ["--data", str(tmp_path), "--batch", "4", "--warmup", "2", "--steps", "11", "--workers", "1"]
+    monkeypatch.delenv("BENCH_GPUS", raising=False)
+    throughput.main([*argv, "--child", "app_folder_gpu_preallocated"])  # 15 = 2 + 11 + 2: room
+    assert ran == ["app_folder_gpu_preallocated"]
+    monkeypatch.setenv("BENCH_GPUS", "2")
+    with pytest.raises(SystemExit, match=r"60 training images give 7 batches of 4 per GPU and epoch on 2 GPU\(s\)"):
+        throughput.main([*argv, "--child", "app_folder_gpu_preallocated"])
+    monkeypatch.delenv("BENCH_GPUS")
+    with pytest.raises(SystemExit, match=r"would cross an epoch's end.* at least 64 images"):
+        throughput.main([*argv, "--warmup", "3", "--compile", "--child", "app_folder:default"])  # 3 + 11 + 2 > 15
+    with pytest.raises(SystemExit, match="app_folder needs --data PATH"):
+        throughput.main(["--child", "app_folder_tv"])
+    with pytest.raises(SystemExit, match="--child: unknown variant 'app_foldr'"):
+        throughput.main(["--child", "app_foldr"])
+    throughput.main([*argv, "--steps", "500", "--child", "app_synthetic"])  # no folder: nothing to check
+    assert ran == ["app_folder_gpu_preallocated", "app_synthetic"]
+
+
+def test_a_variant_s_stderr_passes_through_as_it_runs(throughput, monkeypatch, tmp_path, capfd) -> None:
+    """BENCH_STACKS_EVERY_S's stacks go to the variant's stderr while it runs: the parent must not hold them back until
+    the variant fails (nor lose them when a time limit kills the run). A real variant process, with a stand-in for
+    the plain loop that writes to stderr."""
+    loop = tmp_path / "raw_loop.py"
+    loop.write_text(
+        "import json, sys\n"
+        "print('Thread 0x1 (most recent call first): the stand-in loop', file=sys.stderr)\n"
+        "print(json.dumps({'img_s': 1000.0, 'ms_per_step': 2.0}))\n"
+    )
+    monkeypatch.setattr(throughput, "table", lambda rows, config: [f"rows: {sorted(rows)}"])  # no GPU memory here
+    throughput.main(["--variants", "raw", "--raw-loop", str(loop)])
+    out, err = capfd.readouterr()
+    assert "Thread 0x1 (most recent call first): the stand-in loop" in err
+    assert "raw x1: {'img_s': 1000.0, 'ms_per_step': 2.0" in out and "Thread 0x1" not in out
+
+
+def test_the_workers_default_to_each_gpu_s_share_of_this_process_s_cores_less_two(throughput, monkeypatch) -> None:
+    """Not os.cpu_count(): taskset's affinity counts, and under DDP every rank starts its own workers."""
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)  # taskset -c 0-15
+    monkeypatch.delenv("BENCH_GPUS", raising=False)
+    assert throughput.parse([]).workers == 14  # as bench/gpu_session.sh's CORES-2
+    assert throughput.parse(["--gpus", "1,2"]).workers == 6  # cores per GPU minus two, on 1 GPU too: alike rows
+    assert throughput.parse(["--gpus", "8"]).workers == 1  # never below 1
+    assert throughput.parse(["--workers", "3", "--gpus", "2"]).workers == 3
+    monkeypatch.setenv("BENCH_GPUS", "2")  # a variant run alone on 2 GPUs
+    assert throughput.parse(["--child", "app_folder"]).workers == 6
+    assert throughput.parse([]).workers == 14  # the parent reads --gpus only
+    for bad in ("0", "1,x", ""):
+        with pytest.raises(SystemExit):
+            throughput.parse(["--gpus", bad])

@@ -1,0 +1,198 @@
+"""bench/ scripts without a GPU: the step clock and host_overhead.py's warm-up, gpu_session.sh's compile-mode suffix
+and log summary, pil_decode_rate.py's statistic in one process and in several, make_jpeg_folder.py's defaults."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SESSION = ROOT / "bench" / "gpu_session.sh"
+
+
+@pytest.fixture(scope="module")
+def host_overhead(bench_script):
+    return bench_script("host_overhead")
+
+
+@pytest.fixture
+def pil_decode_rate(bench_script, monkeypatch):
+    module = bench_script("pil_decode_rate")
+    # Under its name in sys.modules, where the pool's pickling of its functions looks them up.
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def make_jpeg_folder(bench_script):
+    return bench_script("make_jpeg_folder")
+
+
+# StepClock (bench/step_clock.py), through host_overhead.py, which times Lightning with it.
+
+
+def test_the_step_clock_times_the_steps_after_the_warm_up(host_overhead) -> None:
+    seconds = host_overhead.run_lightning("cpu", warmup=1, steps=3)
+    assert 0 < seconds < 5  # per step; not the machine's uptime
+
+
+def test_a_step_clock_that_would_never_start_is_refused(host_overhead) -> None:
+    """At the end of the first batch the global step is already 1: a clock waiting for step 0 never started, and
+    ``seconds`` was the uptime (``perf_counter() - 0.0``)."""
+    from step_clock import StepClock
+
+    with pytest.raises(ValueError, match=r"StepClock\(0, 3\): the clock starts at the end of step first \(at least 1"):
+        host_overhead.run_lightning("cpu", warmup=0, steps=3)
+    with pytest.raises(ValueError, match=r"StepClock\(2, 2\)"):
+        StepClock(2, 2)
+    # A run whose global step skips the first one (accumulation, a resumed run): an error, not a time from 0.
+    clock = StepClock(2, 4)
+    cpu = SimpleNamespace(root_device=torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="step 4 ended, but the clock never started at the end of step 2"):
+        for step in (1, 3, 4):
+            clock.on_train_batch_end(SimpleNamespace(global_step=step, strategy=cpu), None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--warmup", "0"], "--warmup 0: give at least 1 untimed step"), (["--steps", "0"], "--steps 0: give at least 1")],
+)
+def test_host_overhead_refuses_no_warm_up_or_no_timed_step(host_overhead, capsys, argv, message) -> None:
+    with pytest.raises(SystemExit):
+        host_overhead.main([*argv, "--variants", "lightning"])
+    assert message in capsys.readouterr().err
+
+
+# bench/gpu_session.sh
+
+
+def shell_function(name: str) -> str:
+    """The definition of the function ``name`` in gpu_session.sh (from ``name() {`` to the first ``}`` at the start
+    of a line), to run on its own: the script runs its stages when sourced."""
+    found = re.search(rf"^{name}\(\) \{{.*?^\}}$", SESSION.read_text(), re.S | re.M)
+    assert found, f"no function {name} in {SESSION}"
+    return found.group(0)
+
+
+def bash(script: str) -> str:
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def test_the_session_script_parses() -> None:
+    subprocess.run(["bash", "-n", str(SESSION)], check=True, timeout=30)
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune:tuned"])
+def test_compile_puts_the_mode_before_any_option_and_leaves_raw_alone(bench_script, mode) -> None:
+    """COMPILE=MODE in the resized stage: ``sed`` appended ``:MODE`` after ``+threads=N``/``+bucket_view`` and to
+    ``raw``, which bench/throughput.py refuses; the producer stage put it in the right place, now both share one
+    function."""
+    throughput = bench_script("throughput")
+    variants = (
+        "app_synthetic,raw,app_folder_gpu@0.85+threads=2+bucket_view,app_folder_tv,app_folder_gpu_tv@0.5+threads=2"
+    )
+    got = bash(f'{shell_function("with_mode")}\nwith_mode "{mode}" "{variants}"').strip()
+    assert got == (
+        f"app_synthetic:{mode},raw,app_folder_gpu@0.85:{mode}+threads=2+bucket_view,app_folder_tv:{mode},"
+        f"app_folder_gpu_tv@0.5:{mode}+threads=2"
+    )
+    for variant in got.split(","):  # each one as bench/throughput.py reads it
+        throughput.split_variant(variant)
+        assert throughput.compile_mode(variant)[1] == (None if variant == "raw" else mode)
+    text = SESSION.read_text()
+    assert 'variants=$(with_mode "$COMPILE" "$variants")' in text  # the resized stage
+    assert 'child=$(with_mode "$mode" "$v")' in text  # the producer stage
+
+
+def test_a_stage_s_summary_is_the_table_or_else_the_log_s_end(tmp_path) -> None:
+    """The variants' stderr now passes through to the log: the summary shows the table (and cpu_load.py's report after
+    it), not every variant's Lightning messages; a run without a table shows the end of the log, where the error or
+    the threads' stacks are."""
+    log = tmp_path / "throughput.txt"
+    log.write_text(
+        "GPU available: True (cuda), used: True\napp_synthetic x1: {'img_s': 1.0}\nUserWarning: noise\n\n"
+        "| variant (resnet50) | GPUs | img/s |\n|---|---|---|\n| app_synthetic | 1 | 1 |\n\n"
+        "cpu_load: 30.0 s sampled\n| cores | pid |\n"
+    )
+    summary = bash(f'{shell_function("table")}\ntable "{log}"')
+    assert summary.splitlines() == [
+        "| variant (resnet50) | GPUs | img/s |", "|---|---|---|", "| app_synthetic | 1 | 1 |", "",
+        "cpu_load: 30.0 s sampled", "| cores | pid |",
+    ]  # fmt: skip
+    log.write_text("".join(f"noise {i}\n" for i in range(100)) + "variant raw on 1 GPU(s) failed with exit code 1\n")
+    summary = bash(f'{shell_function("table")}\ntable "{log}"').splitlines()
+    assert len(summary) == 60 and summary[-1] == "variant raw on 1 GPU(s) failed with exit code 1"
+
+
+# bench/pil_decode_rate.py
+
+
+def test_best_pass_rate_spans_a_pass_in_every_process(pil_decode_rate) -> None:
+    one = [[(0.0, 10.0), (10.0, 12.0)]]
+    assert pil_decode_rate.best_pass_rate(100, one) == 50.0  # the second pass: 100 images in 2 s
+    two = [[(0.0, 10.0), (10.0, 12.0)], [(0.5, 10.5), (10.1, 12.5)]]
+    assert pil_decode_rate.best_pass_rate(100, two) == 80.0  # 200 images from 10.0 to 12.5
+
+
+def test_one_process_and_several_use_the_same_statistic(pil_decode_rate, monkeypatch, tmp_path) -> None:
+    """A slow first pass (one-time costs) counted in N processes' rate and not in one's made "N at once / N x one core"
+    look worse than it is. A stand-in decoder sleeps 50 ms an image in each process's first pass, 10 ms after it:
+    sleeping processes do not compete for cores, so two at once reach twice one's rate in their best pass."""
+    import cpu_decode
+
+    paths = [tmp_path / f"{k}.JPEG" for k in range(4)]
+
+    def pipeline(*args: object) -> tuple:
+        calls = itertools.count()  # per process: each forked worker builds its own
+
+        def load(path: str) -> str:
+            time.sleep(0.05 if next(calls) < len(paths) else 0.01)
+            return path
+
+        return load, lambda image: image, None
+
+    monkeypatch.setattr(cpu_decode, "workers_pipeline", pipeline)
+    args = (224, 0.08, 256, 3, "pil")
+    one = pil_decode_rate.measure_parallel(1, paths, *args)
+    two = pil_decode_rate.measure_parallel(2, paths, *args)
+    assert 50 < one <= 100  # 4 images in 40 ms, the best pass
+    assert 1.5 < two / one <= 2.3  # all images of the first pass over the whole window gave about 0.9
+
+
+def test_the_table_names_the_statistic(pil_decode_rate, tmp_path, capsys) -> None:
+    # As a script: its process pool pickles its functions by module name.
+    script = ROOT / "bench" / "make_jpeg_folder.py"
+    options = ["--classes", "1", "--train-per-class", "3", "--val-per-class", "0", "--processes", "1"]
+    subprocess.run([sys.executable, str(script), str(tmp_path), *options], check=True, timeout=60)
+    for processes, head in (("1", "3 training files, one core, best of 2 passes"),
+                            ("2", "3 training files, 2 processes at once, all their images over the window of the "
+                                  "best of 2 passes")):  # fmt: skip
+        pil_decode_rate.main(["--data", str(tmp_path), "--repeats", "2", "--processes", processes])
+        out = capsys.readouterr().out
+        assert f"| folder ({head}) | decoder |" in out
+        assert re.search(rf"^\| {tmp_path} \| pil \| \d+ \| \d+ k \| \d+ \| 1.00 \|$", out, re.M)
+    with pytest.raises(SystemExit):
+        pil_decode_rate.main(["--data", str(tmp_path), "--repeats", "0"])
+    assert "--repeats must be >= 1, got 0" in capsys.readouterr().err
+
+
+# bench/make_jpeg_folder.py
+
+
+def test_the_default_folder_is_one_bench_throughput_takes(make_jpeg_folder, bench_script) -> None:
+    """100 classes of 64 (6,400 images) were refused by bench/throughput.py's epoch check at its defaults."""
+    throughput = bench_script("throughput")
+    a = make_jpeg_folder.parse(["/unused"])
+    assert a.train_per_class == 400  # as bench/gpu_session.sh makes it
+    for compiled in ([], ["--compile"]):  # one GPU: each epoch must hold the warm-up, the timed steps and 2 batches
+        t = throughput.parse(compiled)
+        assert a.classes * a.train_per_class // t.batch >= t.warmup + t.steps + 2
+    assert "--train-per-class 400" in make_jpeg_folder.__doc__
