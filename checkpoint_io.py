@@ -13,7 +13,8 @@ previous checkpoint is gone. :class:`AtomicCheckpointIO` makes the sequence dura
 
 If anything fails before the rename (serialization error, full disk, an exception), the temporary file is removed
 and the target is untouched. A process killed with SIGKILL mid-save cannot clean up: it leaves a hidden
-``.<name>.<pid>.<random>.tmp`` next to the target, which nothing reads (``ModelCheckpoint`` and ``--ckpt_path last``
+``.<name>.<pid>.<random>.tmp`` next to the target (``<name>`` shortened where the whole would exceed the folder's
+longest file name), which nothing reads (``ModelCheckpoint`` and ``--ckpt_path last``
 only look at ``*.ckpt`` files) and which can be deleted. Remote paths (``s3://`` and other fsspec URLs) go to
 ``TorchCheckpointIO`` unchanged: object stores publish an object only once it is complete.
 
@@ -35,6 +36,7 @@ import contextlib
 import errno
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +69,27 @@ def fsync_dir(folder: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def _temporary_name(name: str, folder: Path) -> str:
+    """``.<name>.<pid>.<random>.tmp``, with ``<name>`` shortened as far as needed to fit the folder's longest file
+    name: a target name that a plain save accepts must not fail here for the 22 or so characters this adds."""
+    suffix = f".{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        longest = os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, ValueError, OSError):  # no pathconf (Windows), or no limit to report
+        longest = 255
+    room = longest - len(f".{suffix}")  # ASCII: as many bytes as characters
+    encoded = os.fsencode(name)  # the limit counts bytes
+    if len(encoded) > room:
+        name = encoded[:room].decode(sys.getfilesystemencoding(), "ignore")  # a character cut in two is left out
+    return f".{name}{suffix}"
+
+
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save(obj, path)`` through a synced temporary file and an atomic rename (see the module docstring)."""
     target = Path(path)
     folder = target.parent
     folder.mkdir(parents=True, exist_ok=True)
-    temp = folder / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    temp = folder / _temporary_name(target.name, folder)
     # O_EXCL: never write through a name someone else made; 0o666 & umask gives the permissions open() would.
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:

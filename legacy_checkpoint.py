@@ -37,18 +37,18 @@ How the Lightning checkpoint is built, and why this way:
 
 Under torchrun every process runs the conversion entry point: local rank 0 converts, the other local ranks wait for
 the file. The output is written to a temporary file in the same folder and renamed into place (``os.replace``), so
-no process ever loads half a checkpoint. The file records a key of its inputs (source file, command line, world
-size); a later run with the same inputs reuses it instead of converting again.
+no process ever loads half a checkpoint. The file records a key of its inputs (source file, command line with the
+content of its ``--config`` files and the resolved data folder, world size); a later run with the same inputs reuses
+it instead of converting again.
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -61,7 +61,7 @@ import torch
 #: Key of the conversion record inside a converted checkpoint.
 RECORD_KEY = "apex_main_amp"
 #: Bumped when the layout of converted checkpoints changes, so older conversions are redone.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 #: Suffixes stripped from the source name before ``.lightning.ckpt`` is appended.
 _SOURCE_SUFFIXES = (".pth.tar", ".pth", ".pt", ".tar")
 #: Subcommands of train.py; the conversion instantiates the application without one (``run=False``).
@@ -396,6 +396,14 @@ def build_checkpoint(legacy: LegacyCheckpoint, model: Any, datamodule: Any, trai
             if hasattr(obj, "_hparams_name"):
                 checkpoint[obj.CHECKPOINT_HYPER_PARAMS_NAME] = obj._hparams_name
             checkpoint[obj.CHECKPOINT_HYPER_PARAMS_KEY] = dict(obj.hparams)
+    # The module's own entries, as in every checkpoint of the run (Lightning calls the hook on each save): the units of
+    # the schedule's step count (lr_schedule_units), which a resume with another global batch or epoch length maps
+    # onto its own epochs. Its configure_optimizers above recorded them; the hook reads the trainer's world size.
+    model.trainer = trainer
+    try:
+        model.on_save_checkpoint(checkpoint)
+    finally:
+        model.trainer = None
     checkpoint[RECORD_KEY] = {
         "source": str(legacy.path),
         "epoch": legacy.epoch,
@@ -451,19 +459,46 @@ def instantiate_run(cli_argv: Sequence[str]) -> tuple[Any, Any, Any]:
     return cli.model, cli.datamodule, cli.trainer
 
 
+def _option_values(args: Sequence[str], names: Sequence[str]) -> list[str]:
+    """The values of the options ``names`` in ``args``, in order (``--name VALUE`` and ``--name=VALUE``)."""
+    values = []
+    for position, token in enumerate(args):
+        name, equals, value = token.partition("=")
+        if name in names:
+            if equals:
+                values.append(value)
+            elif position + 1 < len(args):
+                values.append(args[position + 1])
+    return values
+
+
+def _file_digest(path: str) -> str | None:
+    """sha256 of the file's bytes; ``None`` for a file that cannot be read (the run's own parser then says why)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
 def conversion_key(source: str | os.PathLike, cli_argv: Sequence[str], environ: Mapping[str, str] | None = None) -> str:
-    """A digest of everything the converted checkpoint depends on: the source file, the run's arguments, the world."""
+    """A digest of everything the converted checkpoint depends on: the source file, the run's arguments (with the
+    content of its ``--config`` files, which the arguments name only, and its data folder resolved: a relative
+    ``--data.root`` means another folder from another working directory), the world."""
     import pytorch_lightning as pl
 
     environ = os.environ if environ is None else environ
     stat = Path(source).stat()
+    args = instantiation_args(cli_argv)
     record = {
         "format": FORMAT_VERSION,
         "lightning": pl.__version__,
         "source": str(Path(source).resolve()),
         "size": stat.st_size,
         "mtime_ns": stat.st_mtime_ns,
-        "args": instantiation_args(cli_argv),
+        "args": args,
+        "configs": [[path, _file_digest(path)] for path in _option_values(args, ("--config", "-c"))],
+        # Without --data.root, the configuration's root: a relative one is relative to the working directory.
+        "data_root": [str(Path(root).resolve()) for root in _option_values(args, ("--data.root",))] or os.getcwd(),
         "world": [environ.get(name) for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE")],
     }
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
@@ -478,23 +513,19 @@ def _stored_key(path: Path) -> str | None:
 
 
 def _atomic_save(checkpoint: dict[str, Any], output: Path) -> None:
+    """Saves as the run's own checkpoints are saved (checkpoint_io.atomic_torch_save: synced temporary file, rename,
+    synced folder; permissions 0666 minus the umask)."""
+    from checkpoint_io import atomic_torch_save  # imported here: it loads Lightning, which reading a file does not need
+
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent)
+        atomic_torch_save(checkpoint, output)
     except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
         raise CheckpointConversionError(
             f"cannot write the converted checkpoint next to its source, in {output.parent}: {error}; "
             "copy the main_amp.py checkpoint to a writable folder and resume from the copy"
         ) from error
-    try:
-        with os.fdopen(fd, "wb") as file:
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())  # the data is on the disk before the name points at it
-        os.replace(tmp, output)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def convert(

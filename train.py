@@ -29,6 +29,7 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
 import apex_compat
 import cuda_env
+import legacy_checkpoint
 from callbacks import ProfilerWindow
 from callbacks.bad_images import BadImageCount
 from callbacks.preemption import PreemptionHandler
@@ -87,7 +88,8 @@ class ImageNetCLI(LightningCLI):
             }
         )
         parser.add_lightning_class_args(ProfilerWindow, "profile")
-        # Always on: SIGTERM/SIGINT save <checkpoint dir>/last.ckpt at a step all ranks agree on and exit 128+signal.
+        # Always on: SIGTERM/SIGINT save last.ckpt (into last_checkpoint's folder, where --ckpt_path last looks) at a
+        # step all ranks agree on and exit 128+signal.
         parser.add_lightning_class_args(PreemptionHandler, "preemption")
         # Always on: train_bad_images / val_bad_images per epoch (non-zero only with data.on_bad_image: skip).
         parser.add_lightning_class_args(BadImageCount, "bad_images")
@@ -99,6 +101,8 @@ class ImageNetCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path == "last" and self._checkpoints_in_a_new_folder():
             self.parser.error(self._no_last_checkpoint())
+        if ckpt_path == "last" and (missed := self._what_last_would_miss()):
+            self.parser.error(missed)
         if ckpt_path == "best":
             self.parser.error(
                 "--ckpt_path best names the best checkpoint of a fit in this same process, and this process has not "
@@ -122,11 +126,12 @@ class ImageNetCLI(LightningCLI):
             )
         if Path(ckpt_path).is_file():
             if not zipfile.is_zipfile(ckpt_path):
+                self._refuse_main_amp(ckpt_path)  # torch < 1.6 wrote main_amp.py's files in its older format
                 self.parser.error(
                     f"--ckpt_path {ckpt_path} is not a checkpoint (a checkpoint is a torch.save zip archive, "
                     "e.g. .../checkpoints/last.ckpt)"
                 )
-            saved = torch.load(ckpt_path, weights_only=True, map_location="cpu", mmap=True).get("hyper_parameters", {})
+            saved = self._lightning_checkpoint(ckpt_path).get("hyper_parameters", {})
             asked = self.config[subcommand].model.arch
             if saved.get("arch", asked) != asked:
                 self.parser.error(
@@ -137,6 +142,45 @@ class ImageNetCLI(LightningCLI):
         super()._parse_ckpt_path()
         if Path(ckpt_path).is_file():  # what LightningCLI read the checkpoint's options from
             self._settle_model_options(subcommand, before)
+
+    def _lightning_checkpoint(self, ckpt_path: str) -> dict[str, Any]:
+        """The checkpoint at ``ckpt_path`` (tensors memory-mapped), refused with a parser error unless Lightning wrote
+        it: Lightning would otherwise fail on every rank with ``KeyError: 'pytorch-lightning_version'``, after the
+        process start-up, the data set's preparation and the model's set-up."""
+        try:
+            saved = torch.load(ckpt_path, weights_only=True, map_location="cpu", mmap=True)
+        except Exception as error:  # noqa: BLE001 - pickled objects beyond tensors and containers, a torn archive
+            self._refuse_main_amp(ckpt_path)  # one that needs full unpickling
+            self.parser.error(
+                f"--ckpt_path {ckpt_path} cannot be read as a checkpoint ({type(error).__name__}); pass a checkpoint "
+                "this application wrote (e.g. .../checkpoints/last.ckpt)"
+            )
+        if isinstance(saved, dict) and "pytorch-lightning_version" in saved:
+            return saved
+        self._refuse_main_amp(ckpt_path)
+        found = f"keys {sorted(map(str, saved))[:8]}" if isinstance(saved, dict) else f"a {type(saved).__name__}"
+        self.parser.error(
+            f"--ckpt_path {ckpt_path} is not a Lightning checkpoint (it has no 'pytorch-lightning_version' entry; "
+            f"found {found}); pass a checkpoint this application wrote (e.g. .../checkpoints/last.ckpt)"
+        )
+
+    def _refuse_main_amp(self, ckpt_path: str) -> None:
+        """A parser error saying how to resume a main_amp.py checkpoint, if ``ckpt_path`` is one. Its Lightning
+        checkpoint depends on the run (steps per epoch, global batch), so the main_amp.py command line that resumes it
+        converts it (apex_compat.py, legacy_checkpoint.py)."""
+        if not legacy_checkpoint.is_legacy_checkpoint(ckpt_path):
+            return
+        try:
+            legacy = legacy_checkpoint.load_legacy(ckpt_path, lazy=True)
+        except legacy_checkpoint.CheckpointConversionError as error:
+            self.parser.error(f"--ckpt_path {error}")
+        arch = legacy.arch or "ARCH"
+        self.parser.error(
+            f"--ckpt_path {ckpt_path} is a main_amp.py checkpoint ({arch}, {legacy.epoch} epochs done), not a "
+            f"Lightning one; resume it with main_amp.py's flags: python train.py -a {arch} --b BATCH --resume "
+            f"{ckpt_path} DATA_DIR (train.py options such as --trainer.devices may follow). That converts it for the "
+            f"run into {legacy_checkpoint.converted_path(ckpt_path)}, which --ckpt_path takes afterwards"
+        )
 
     def _settle_model_options(self, subcommand: str, before: Any) -> None:
         """After LightningCLI put the checkpoint's model options over the configuration's: the command line's own
@@ -176,19 +220,60 @@ class ImageNetCLI(LightningCLI):
         words = sys.argv[1:] if args is None else args
         self._argv = [] if hasattr(words, "keys") else [str(word) for word in words]
         super().parse_arguments(parser, args)
+        self._last_checkpoint_follows_checkpoint_dirpath()
+
+    def _last_checkpoint_follows_checkpoint_dirpath(self) -> None:
+        """``checkpoint.dirpath`` alone puts last.ckpt there too: the folder a user fixes for the checkpoints is then
+        also the one ``--ckpt_path last`` looks in and the preemption handler writes to (last.ckpt otherwise stayed in
+        the logger's next version_N folder, where a requeued job's ``--ckpt_path last`` finds nothing). The file names
+        differ (best-*.ckpt, last.ckpt); ``last_checkpoint.dirpath`` keeps last.ckpt elsewhere."""
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        best, last = config.get("checkpoint"), config.get("last_checkpoint")
+        if best is not None and last is not None and best.get("dirpath") and not last.get("dirpath"):
+            last.dirpath = best.dirpath
 
     def _logger_args(self) -> Any:
         logger = self.config[self.config["subcommand"]].trainer.get("logger")
         return logger.get("init_args", {}) if hasattr(logger, "get") else {}
 
     def _checkpoints_in_a_new_folder(self) -> bool:
-        """Whether this run's checkpoints go to a folder of its own (the logger's next version_N), where Lightning's
-        ``--ckpt_path last`` can find nothing: no fixed logger version and no checkpoint dirpath."""
+        """Whether this run's last.ckpt goes to a folder of its own (the logger's next version_N), where Lightning's
+        ``--ckpt_path last`` can find nothing: no ``last_checkpoint.dirpath`` (``checkpoint.dirpath`` alone sets it,
+        see parse_arguments) and no fixed logger version. The preemption handler writes into the same folder."""
         config = self.config[self.config["subcommand"]]
-        fixed = config.get("last_checkpoint", {}).get("dirpath") or config.get("checkpoint", {}).get("dirpath")
+        fixed = config.get("last_checkpoint", {}).get("dirpath")
         # Without a logger, Lightning's checkpoints go to the fixed <default_root_dir>/checkpoints.
         no_logger = config.trainer.get("logger") is False or config.trainer.get("logger") == []
         return not fixed and not no_logger and self._logger_args().get("version") is None
+
+    def _what_last_would_miss(self) -> str | None:
+        """Why ``--ckpt_path last`` would miss the latest checkpoint (last_checkpoint's or the preemption handler's),
+        or ``None``. Lightning's ``last`` looks for last*.ckpt in the checkpoint callbacks' folders only: a requeued
+        job would go back to an older checkpoint, or start from scratch."""
+        config = self.config[self.config["subcommand"]]
+        preemption = config.get("preemption", {})
+        folder = preemption.get("dirpath")
+        names = {
+            "last_checkpoint.filename": f"{config.get('last_checkpoint', {}).get('filename')}.ckpt",
+            "preemption.filename": preemption.get("filename") or "last.ckpt",
+        }
+        for key, name in names.items():
+            # Lightning's test: the name starts with "last", ends with ".ckpt" (ModelCheckpoint._find_last_checkpoints).
+            if not name.startswith("last") or Path(name).suffix != ".ckpt":
+                return (
+                    f"--ckpt_path last looks for last*.ckpt files and {key} makes {name}: a requeued job would not "
+                    f"resume from it; leave {key} at its default, or pass the file to --ckpt_path"
+                )
+        callbacks = [config.get(key, {}).get("dirpath") for key in ("checkpoint", "last_checkpoint")]
+        if folder and not any(d and Path(d).resolve() == Path(folder).resolve() for d in callbacks):
+            return (
+                f"--ckpt_path last looks in the checkpoint callbacks' folders, and preemption.dirpath {folder} is not "
+                "one of them: a requeued job would not resume from its preemption checkpoint; leave "
+                f"preemption.dirpath unset (it then writes into last_checkpoint's folder), or pass --last_checkpoint."
+                f"dirpath {folder}"
+            )
+        return None
 
     def _no_last_checkpoint(self) -> str:
         """Why ``--ckpt_path last`` finds nothing here, and the newest last.ckpt of this run's name, if any."""
@@ -199,7 +284,8 @@ class ImageNetCLI(LightningCLI):
         return (
             "--ckpt_path last: this run writes into a new version folder of its own, so Lightning's 'last' would "
             f"find no checkpoint and start from scratch; pass the file{newest}, or fix the folder for requeued jobs "
-            "(--trainer.logger.init_args.version NAME, then --ckpt_path last resumes from it)"
+            "(--last_checkpoint.dirpath DIR, or --trainer.logger.init_args.version NAME; then --ckpt_path last "
+            "resumes from it)"
         )
 
     def before_instantiate_classes(self) -> None:

@@ -13,14 +13,23 @@ VMs) and then, after a grace period, SIGKILL; a person at a terminal presses Ctr
    and acts at the first boundary after the signal.
 3. When a signal is agreed, every rank calls ``trainer.save_checkpoint`` (rank 0 writes; with
    :class:`~checkpoint_io.AtomicCheckpointIO` the file is replaced atomically) to ``<dir>/last.ckpt``, where ``<dir>``
-   is ``dirpath`` if given, else the folder of the trainer's ``ModelCheckpoint``, else
-   ``<default_root_dir>/checkpoints``. Resume with ``--ckpt_path <dir>/last.ckpt``. The checkpoint is taken at
+   is ``dirpath`` if given, else the folder of the ``ModelCheckpoint`` that writes a file of that name (train.py's
+   ``last_checkpoint``, or one with ``save_last``), else the trainer's first ``ModelCheckpoint``'s, else
+   ``<default_root_dir>/checkpoints``. So the preemption checkpoint and the callback's latest one share one file,
+   the one Lightning's ``--ckpt_path last`` looks for. Resume with ``--ckpt_path <dir>/last.ckpt`` (or ``last``
+   where that folder is the same in every submission). The checkpoint is taken at
    the same point as a ``ModelCheckpoint(every_n_train_steps=...)`` one, which Lightning resumes from mid-epoch; the
    data module then serves the rest of the epoch exactly as the stopped run would have (datamodule.py).
 4. The run then stops at once by raising :class:`PreemptedExit` (a ``SystemExit``): no validation, no epoch-end
    hooks, no further checkpoints (``trainer.should_stop`` would run a validation first and make ``ModelCheckpoint``
    save a stale top-k file at the epoch end: time a preempted job does not have). Lightning tears the trainer down
    (loggers are finalized with status ``failed``: the run did not finish) and the process exits.
+   Exception: **the epoch's last step.** Lightning 2.6 resumes a checkpoint of an epoch's last batch as a finished
+   epoch (``FitLoop.reset``), so the resumed run would never validate that epoch, save its best checkpoint or run its
+   end hooks. There the checkpoint is saved (a kill during what follows resumes from it, as before), the epoch ends
+   as usual (validation, epoch-end checkpoints: ``last.ckpt`` is then the epoch end's), and the run stops at the first
+   step boundary of the next epoch, or ends with status 0 if that epoch was its last. It costs the grace period a
+   validation, the epoch-end saves and one step.
 
 **Exit status: 128 + signal number** (143 for SIGTERM, 130 for SIGINT), the shell convention for "ended by this
 signal", rather than 0. A preempted run has not finished, and whatever supervises it must be able to tell: a
@@ -106,7 +115,8 @@ class PreemptionHandler(Callback):
         signals: Names of the signals that trigger a checkpoint-and-stop (``SIGTERM``, ``SIGINT``, ``SIGUSR1``, ...).
         check_every_n_steps: Look at (and under DDP, exchange) the signal flag every this many optimizer steps. The
             exchange is asynchronous, so 1 costs next to nothing; a larger value only delays the stop.
-        dirpath: Folder of the checkpoint; ``None`` uses the ``ModelCheckpoint``'s folder, else
+        dirpath: Folder of the checkpoint; ``None`` uses the folder of the ``ModelCheckpoint`` whose file has
+            ``filename`` (train.py's ``last_checkpoint``), else the first ``ModelCheckpoint``'s, else
             ``<default_root_dir>/checkpoints``.
         filename: Name of the checkpoint file in that folder (``last.ckpt``, what ``ModelCheckpoint`` calls its
             latest checkpoint and ``--ckpt_path last`` looks for).
@@ -157,6 +167,7 @@ class PreemptionHandler(Callback):
         self._pending: tuple[Any, torch.Tensor] | None = None  # exchange started at the last check
         self._step_before_batch: int | None = None  # global_step when the current training batch started
         self._owns_sigterm = False  # whether Lightning's SIGTERM notifier calls our handler instead
+        self._stop_at_next_step = 0  # a signal agreed on at an epoch's last step: the stop waits for the epoch's end
 
     # --- the signal handler ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -199,6 +210,7 @@ class PreemptionHandler(Callback):
             return
         self.exit_code = self.stopped_at_step = self.checkpoint_path = None
         self._signum, self._announced, self._pending, self._step_before_batch = 0, False, None, None
+        self._stop_at_next_step = 0
         if threading.current_thread() is not threading.main_thread():
             rank_zero_warn("PreemptionHandler: fit does not run in the main thread, where signals are handled")
         # Lightning installs its signal handlers after setup and restores the ones it found at teardown, also after
@@ -256,10 +268,20 @@ class PreemptionHandler(Callback):
                 "all ranks agree on"
             )
             print(rank_prefixed_message(message, trainer.global_rank), file=sys.stderr, flush=True)
+        if self._stop_at_next_step:
+            self._stop(trainer, self._stop_at_next_step)  # the first step after the epoch's end
         if step % self.check_every_n_steps:
             return
         agreed = self._agreed_signal()
-        if agreed:
+        if agreed and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            # Lightning 2.6 resumes a checkpoint of an epoch's last batch as a finished epoch: the epoch's validation,
+            # its best checkpoint and its end hooks would never run. So they run now, and the run stops at the next
+            # step (or ends, if this was its last epoch). The checkpoint saved here covers a kill meanwhile; the
+            # epoch-end last.ckpt replaces it. Every rank sees the same last batch, so every rank waits alike.
+            self._save(trainer, agreed)
+            rank_zero_info("preemption: the epoch's last step: stopping after its validation and checkpoints")
+            self._stop_at_next_step = agreed
+        elif agreed:
             self._stop(trainer, agreed)
 
     @override
@@ -315,31 +337,49 @@ class PreemptionHandler(Callback):
         return agreed
 
     def _checkpoint_folder(self, trainer: pl.Trainer) -> tuple[Path, ModelCheckpoint | None]:
+        """The folder of the checkpoint and the ``ModelCheckpoint`` whose folder it is (``None``: no callback's)."""
         if self.dirpath is not None:
             return Path(self.dirpath), None
+        callbacks = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
+        # The folder of the callback that writes the file this handler writes (train.py's last_checkpoint: last.ckpt;
+        # a save_last callback: last.ckpt): where a requeued job's --ckpt_path last finds the newest of the two. The
+        # first checkpoint callback's folder may be another one, even a new version_N folder in every submission.
+        for callback in callbacks:
+            if self._writes_its_file(callback) or self._writes_its_last_file(callback):
+                return Path(callback.dirpath), callback
         callback = trainer.checkpoint_callback
         if isinstance(callback, ModelCheckpoint) and callback.dirpath:
             return Path(callback.dirpath), callback
         return Path(trainer.default_root_dir) / "checkpoints", None
 
-    def _stop(self, trainer: pl.Trainer, signum: int) -> None:
+    def _writes_its_file(self, callback: ModelCheckpoint) -> bool:
+        """Whether ``callback`` names its (unmonitored) checkpoint as this handler does (train.py's last_checkpoint)."""
+        return callback.monitor is None and f"{callback.filename}{callback.FILE_EXTENSION}" == self.filename
+
+    def _writes_its_last_file(self, callback: ModelCheckpoint) -> bool:
+        """Whether ``callback``'s ``save_last`` file has this handler's name (Lightning's last.ckpt)."""
+        return bool(callback.save_last) and self.filename == callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION
+
+    def _save(self, trainer: pl.Trainer, signum: int) -> Path:
         folder, callback = self._checkpoint_folder(trainer)
         path = folder / self.filename
-        if (
-            callback is not None
-            and callback.save_last
-            and self.filename == callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION
-        ):
-            # Recorded in the checkpoint as the callback's latest file, as if the callback had saved it, so a
-            # resumed run's ModelCheckpoint overwrites it rather than starting last-v1.ckpt next to it.
+        # Recorded in the checkpoint as the callback's own file, as if the callback had saved it, so a resumed run's
+        # ModelCheckpoint overwrites it rather than starting last-v1.ckpt next to it.
+        if callback is not None and self._writes_its_file(callback):
+            callback.best_model_path = str(path)
+        elif callback is not None and self._writes_its_last_file(callback):
             callback.last_model_path = str(path)
         name = signal.Signals(signum).name
         rank_zero_info(f"preemption: {name}: saving {path} at step {trainer.global_step}")
         # The full training state; every rank calls it (it ends with a barrier), rank 0 writes.
         with checkpoint_range():
             trainer.save_checkpoint(path, weights_only=False)
-        self.stopped_at_step = trainer.global_step
         self.checkpoint_path = str(path)
+        return path
+
+    def _stop(self, trainer: pl.Trainer, signum: int) -> None:
+        path = self._save(trainer, signum)
+        self.stopped_at_step = trainer.global_step
         self.exit_code = 0 if _is_lightning_child(trainer) else 128 + signum
         rank_zero_info(
             f"preemption: stopped at step {trainer.global_step}; resume with --ckpt_path {path} "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import shlex
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -445,7 +446,8 @@ def test_fit_resumes_a_main_amp_checkpoint(tmp_path: Path, data_root: Path, monk
     monkeypatch.chdir(tmp_path)
     legacy = write_legacy(tmp_path / "checkpoint.pth.tar", epoch=1)
     # A requeued job's options after the original flags: a fixed run folder (the logger's keys) and a last.ckpt every
-    # 5 steps. The conversion builds the run without a logger and leaves the logger's keys out.
+    # 5 steps, beside the best checkpoints in checkpoint.dirpath. The conversion builds the run without a logger and
+    # leaves the logger's keys out.
     assert CPU[-2:] == ["--trainer.logger", "false"]
     argv = [
         "-a", "resnet18", "--b", "8", "-j", "0", "--epochs", "2", "--resume", str(tmp_path / "checkpoint.pth.tar"),
@@ -454,7 +456,7 @@ def test_fit_resumes_a_main_amp_checkpoint(tmp_path: Path, data_root: Path, monk
         "--last_checkpoint.every_n_train_steps", "5",
     ]  # fmt: skip
     cli = cpu_run(argv)
-    last = tmp_path / "logs" / "lightning_logs" / "requeued" / "checkpoints" / "last.ckpt"
+    last = tmp_path / "ckpts" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 10
 
     converted = tmp_path / "checkpoint.lightning.ckpt"
@@ -525,7 +527,60 @@ def test_conversion_is_reused_and_other_ranks_wait(tmp_path: Path, data_root: Pa
     other = [*argv, "--data.batch_size", "4"]  # another run: local rank 1 waits for local rank 0's conversion
     with pytest.raises(legacy_checkpoint.CheckpointConversionError, match="local rank 0"):
         legacy_checkpoint.convert(source, other, environ={"LOCAL_RANK": "1"}, timeout_s=0.2)
-    assert not list(tmp_path.glob(".*.partial"))
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_an_edited_config_or_another_data_folder_converts_anew(
+    tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The command line names the config file only: its content decides the steps per epoch all the same.
+    source, config = tmp_path / "checkpoint.pth.tar", tmp_path / "cfg.yaml"
+    write_legacy(source, epoch=2)
+    config.write_text("trainer:\n  limit_train_batches: 2\n")
+    argv, _ = apex_compat.translate(
+        ["--config", str(config), "-b", "8", "-j", "0", "--resume", str(source), "d", *CPU], {}
+    )
+    monkeypatch.chdir(data_root.parent)  # the data folder "d", relative
+    out = legacy_checkpoint.convert(source, argv, environ={})
+    assert torch.load(out, weights_only=True)["global_step"] == 4  # 2 epochs of 2 steps
+    config.write_text("trainer:\n  limit_train_batches: 3\n")
+    assert torch.load(legacy_checkpoint.convert(source, argv, environ={}), weights_only=True)["global_step"] == 6
+    # The same relative data folder name from another working directory is another data folder.
+    key = legacy_checkpoint.conversion_key(source, argv, environ={})
+    monkeypatch.chdir(tmp_path)
+    assert legacy_checkpoint.conversion_key(source, argv, environ={}) != key
+
+
+def test_the_converted_checkpoint_is_saved_as_the_runs_own(tmp_path: Path, data_root: Path) -> None:
+    source = tmp_path / "checkpoint.pth.tar"
+    write_legacy(source)
+    argv, _ = apex_compat.translate(["-b", "8", "-j", "0", "--resume", str(source), str(data_root), *CPU], {})
+    umask = os.umask(0o022)
+    try:
+        out = legacy_checkpoint.convert(source, argv, environ={})
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644  # 0666 minus the umask, as every other checkpoint (not 0600)
+    assert not list(tmp_path.glob(".*"))
+
+
+def test_a_converted_checkpoint_resumed_in_other_units_maps_the_lr_schedule(
+    tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Converted for batches of 8 (5 steps an epoch) and resumed with batches of 4 (10 steps an epoch): the schedule's
+    # step 5, the start of epoch 1, becomes step 10, as for a native checkpoint (ImageNetClassifier.on_save_checkpoint).
+    monkeypatch.chdir(tmp_path)
+    source = tmp_path / "checkpoint.pth.tar"
+    write_legacy(source, epoch=1)
+    argv, _ = apex_compat.translate(["-b", "8", "-j", "0", "--resume", str(source), str(data_root), *CPU], {})
+    out = legacy_checkpoint.convert(source, argv, environ={})
+    assert torch.load(out, weights_only=True)["lr_schedule_units"] == {"steps_per_epoch": 5, "global_batch": 8}
+    resumed = [*argv[:-2], "--data.batch_size", "4", "--trainer.max_steps", "6", "--ckpt_path", str(out)]
+    trainer = train.main(resumed).trainer
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    assert trainer.global_step == 6 and scheduler.last_epoch == 11  # mapped to 10, then one step
+    base_lr = 0.1 * 4 / 256
+    assert math.isclose(trainer.optimizers[0].param_groups[0]["lr"], base_lr * 12 / 50)  # warmup: 5 epochs of 10
 
 
 def test_resume_variants(tmp_path: Path) -> None:

@@ -183,6 +183,25 @@ def test_failed_save_removes_its_temporary_file(tmp_path: Path) -> None:
     assert temp_files(tmp_path) == []
 
 
+def test_a_name_as_long_as_a_plain_save_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 250 characters: the temporary name's pid and random part (about 22 more) must not push it past the limit (255).
+    path = tmp_path / ("x" * 245 + ".ckpt")
+    torch.save(checkpoint(0), path)  # a plain save takes it
+    path.unlink()
+    temporary: list[str] = []
+    real_replace = os.replace
+    monkeypatch.setattr(checkpoint_io.os, "replace", lambda src, dst: (temporary.append(src), real_replace(src, dst)))
+    AtomicCheckpointIO().save_checkpoint(checkpoint(1), path)
+    assert_version(path, 1)
+    (name,) = [Path(t).name for t in temporary]
+    assert len(name) == os.pathconf(tmp_path, "PC_NAME_MAX") and name.startswith(".xxxx") and name.endswith(".tmp")
+    # Multi-byte characters are cut whole: 125 two-byte characters and the extension, 255 bytes.
+    path = tmp_path / ("\u00e9" * 125 + ".ckpt")
+    AtomicCheckpointIO().save_checkpoint(checkpoint(2), path)
+    assert_version(path, 2)
+    assert temp_files(tmp_path) == []
+
+
 def test_storage_options_are_refused(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="storage_options"):
         AtomicCheckpointIO().save_checkpoint(checkpoint(1), tmp_path / "d.ckpt", storage_options={"x": 1})

@@ -152,6 +152,49 @@ def test_stops_only_on_optimizer_step_boundaries(tmp_path: Path) -> None:
     assert processed == 6  # the end of the second window, not the batch the signal came in
 
 
+class TinyWithValidation(Tiny):
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", torch.nn.functional.cross_entropy(self.layer(batch[0]), batch[1]))
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(torch.randn(4, 4), torch.randint(0, 2, (4,))), batch_size=2)
+
+
+class Validations(Callback):
+    def __init__(self) -> None:
+        self.at_steps: list[int] = []
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.at_steps.append(trainer.global_step)
+
+
+@pytest.mark.parametrize("epochs", [2, 1])
+def test_a_stop_on_an_epochs_last_step_waits_for_its_validation(tmp_path: Path, epochs: int) -> None:
+    # 32 steps an epoch; the signal is seen at step 32, the epoch's last. Lightning would resume a checkpoint there as
+    # a finished epoch, without the epoch's validation and best checkpoint: they run before the stop, at step 33.
+    handler, validations = PreemptionHandler(), Validations()
+    best = ModelCheckpoint(dirpath=tmp_path / "ckpts", monitor="val_loss", filename="best-{epoch}")
+    last = ModelCheckpoint(dirpath=tmp_path / "ckpts", filename="last", monitor=None, enable_version_counter=False)
+    callbacks = [handler, SendSignal(signal.SIGTERM, at_batch=30), validations, best, last]
+    trainer = tiny_trainer(tmp_path, callbacks, enable_checkpointing=True, max_epochs=epochs)
+    if epochs == 1:
+        trainer.fit(TinyWithValidation())  # the epoch was the run's last: it ends as usual, with status 0
+        assert handler.exit_code is None and validations.at_steps == [32]
+        assert load(tmp_path / "ckpts" / "last.ckpt")["global_step"] == 32
+        return
+    with pytest.raises(PreemptedExit):
+        trainer.fit(TinyWithValidation())
+    assert validations.at_steps == [32] and (tmp_path / "ckpts" / "best-epoch=0.ckpt").exists()
+    assert handler.stopped_at_step == 33 and handler.checkpoint_path == str(tmp_path / "ckpts" / "last.ckpt")
+    saved = load(tmp_path / "ckpts" / "last.ckpt")
+    assert (saved["global_step"], saved["epoch"]) == (33, 1)
+    resumed = Validations()  # the rest of epoch 1, validated at its end
+    trainer = tiny_trainer(tmp_path, [PreemptionHandler(), resumed], max_epochs=2, num_sanity_val_steps=0)
+    trainer.fit(TinyWithValidation(), ckpt_path=tmp_path / "ckpts" / "last.ckpt")
+    assert trainer.global_step == 64 and resumed.at_steps == [64]
+
+
 class SignalBeforeTheFirstBatchEnds(Callback):
     """Sends ``signum`` to this process at the start of the fit's first training batch (a scheduler's signal that
     came during start-up or the first micro-batch)."""
