@@ -298,6 +298,12 @@ def check_layout(root: str | os.PathLike) -> list[str]:
             f"only in val: {only_val[:10]}{' ...' if len(only_val) > 10 else ''}); "
             "the class index of a label must mean the same in both splits"
         )
+    if len(classes["train"]) < 2:
+        # model.num_classes follows the class folders: caught here, where the user can see why.
+        raise ValueError(
+            f"data.root: {root / 'train'} has 1 class folder ({classes['train'][0]}); a classifier needs at least 2, "
+            f"one folder per class: {root}/train/<class>/<image files>, the same in {root}/val"
+        )
     return classes["train"]
 
 
@@ -545,7 +551,7 @@ class ImageNetDataModule(pl.LightningDataModule):
         except FileNotFoundError as error:
             # torchvision's message names the class but not the fix.
             raise FileNotFoundError(
-                f"data.root: {error}; every class folder under {folder} needs at least one image "
+                f"data.root: {str(error).rstrip('. ')}; every class folder under {folder} needs at least one image "
                 f"with one of the extensions {', '.join(IMG_EXTENSIONS)}"
             ) from error
         world = self._world()[0]

@@ -242,6 +242,16 @@ class ProfilerWindow(Callback):
                 f"would train to its end instead. Place the window at or after step {first} (e.g. --profile.start_step "
                 f"{first + 20}), or --profile.exit_after false to train on without it"
             )
+        if all(start >= total for start, _ in self.windows):
+            # No window can open (a start step past max_steps, or max_epochs x limit_train_batches): the run would
+            # train to its end with nothing recorded, under nsys --capture-range=cudaProfilerApi a whole run for an
+            # empty report. Refused before the first step, on every rank alike (the same total everywhere).
+            starts = ", ".join(str(start) for start, _ in self.windows)
+            raise ValueError(
+                f"profile.start_step {starts}: this run has steps 0..{int(total) - 1} (trainer.max_steps/max_epochs/"
+                "limit_train_batches), so no profiling window would open and the run would train to its end with "
+                f"nothing recorded; start the window below step {int(total)} or train longer"
+            )
         for start, end in self.windows:
             if start < first:
                 rank_zero_warn(

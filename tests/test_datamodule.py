@@ -519,6 +519,13 @@ def test_split_without_class_folders(tmp_path: Path) -> None:
         check_layout(root)
 
 
+def test_a_split_with_one_class_folder_names_it(tmp_path: Path) -> None:
+    # Before, the model refused "model.num_classes must be >= 2", an option the user never set.
+    root = make_layout(tmp_path / "data", ["circle"], ["circle"])
+    with pytest.raises(ValueError, match=re.escape(f"{root / 'train'} has 1 class folder (circle); a classifier")):
+        check_layout(root)
+
+
 def test_a_resize_manifest_that_cannot_be_read_is_refused(tmp_path: Path) -> None:
     root = make_layout(tmp_path / "data", ["a"], ["a"])
     (root / "resize_dataset.json").write_text('{"short_side": 256, "quali')  # cut off mid-write by hand

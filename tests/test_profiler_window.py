@@ -311,10 +311,16 @@ def test_a_window_cut_short_by_the_end_of_training_is_named_by_the_steps_it_hold
     assert window.reports[0]["ranks"][0]["source"] == "host+kineto"  # the report found its trace
 
 
-def test_window_after_the_last_step_warns(tmp_path, recorder):
+def test_a_window_after_the_last_step_warns_and_no_window_at_all_is_refused(tmp_path, recorder):
+    # One of two windows out of reach: the other is recorded.
     with pytest.warns(UserWarning, match="starts after the last step"):
-        trainer = fit(tmp_path, ProfilerWindow(start_step=50), max_steps=3)
-    assert trainer.global_step == 3
+        trainer = fit(tmp_path, ProfilerWindow(start_step=[1, 50], num_steps=1, report=False), max_steps=3)
+    assert trainer.global_step == 3 and "step 1" in [name for name, _ in recorder.tree()]
+    # None within reach: a whole run (under nsys) for nothing; refused before the first step.
+    recorder.events.clear()
+    with pytest.raises(ValueError, match=r"this run has steps 0\.\.2 .* no profiling window would open"):
+        fit(tmp_path, ProfilerWindow(start_step=50), max_steps=3)
+    assert not any(name and name.startswith("step") for _, name in recorder.events)
 
 
 def test_nothing_captures_the_window_is_said_once(tmp_path, recorder):
