@@ -35,6 +35,7 @@ from callbacks.bad_images import BadImageCount
 from callbacks.preemption import PreemptionHandler
 from callbacks.resumable_checkpoint import ResumableCheckpoint
 from checkpoint_io import AtomicCheckpointIO
+from cli_parser import ReadableErrorsParser
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
 
@@ -374,6 +375,12 @@ CLI_SETTINGS: dict[str, Any] = {
     "parser_kwargs": {"version": version()},
     # Reruns in the same run folder and DDP relaunches would otherwise abort on the config saved before.
     "save_config_kwargs": {"overwrite": True},
+    # No --optimizer/--lr_scheduler: the module's recipe (SGD, lr x global batch / 256, warmup, step decay: model.*)
+    # is the optimizer; LightningCLI's --optimizer replaced it silently (no warmup, no scaling) and --lr_scheduler
+    # was ignored. An unknown option is refused instead.
+    "auto_configure_optimizers": False,
+    # Errors as one line with a suggestion, not the subcommand's whole usage above it (cli_parser.py).
+    "parser_class": ReadableErrorsParser,
     "trainer_defaults": {
         "logger": {"class_path": CSVLogger.__module__ + ".CSVLogger", "init_args": {"save_dir": "runs"}}
     },

@@ -1,0 +1,53 @@
+"""The command line's parser: LightningCLI's, with errors a person can read.
+
+A mistyped option made jsonargparse print the whole usage of the subcommand (about 130 lines for ``fit``) above the
+one line that matters. Here an error prints that line, the closest valid option when one is near (``--modle.arch``:
+did you mean ``--model.arch``?), whether the key came from a ``--config`` file, and where ``--help`` is.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from typing import IO, Any, NoReturn
+
+from pytorch_lightning.cli import LightningArgumentParser
+
+#: The option names in jsonargparse's messages for an unknown command-line option and an unknown config key.
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: (--?[\w.\-]+)")
+_NOT_ACCEPTED = re.compile(r"does not accept (?:option|key)s? '([\w.\-]+)'")
+
+
+class ReadableErrorsParser(LightningArgumentParser):
+    """A :class:`LightningArgumentParser` whose errors are the message, a suggestion and a pointer to ``--help``."""
+
+    _given: list[str] | None = None  # the arguments of the last parse, to tell a config file's key from the line's
+
+    def parse_args(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
+        self._given = [str(a) for a in (sys.argv[1:] if args is None else args)] if not hasattr(args, "keys") else []
+        return super().parse_args(args, *more, **kwargs)
+
+    def print_usage(self, file: IO[str] | None = None) -> None:
+        # Called on errors only (--help prints the full text through print_help).
+        (file or sys.stderr).write(f"usage: {self.prog} [options]\n")
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        parser = getattr(ex, "subcommand_parser", None) or self
+        super().error(message + _suggestion(message, parser, self._given or []), ex)
+
+
+def _suggestion(message: str, parser: Any, given: list[str]) -> str:
+    """``; did you mean --model.arch?`` (and where an unknown key came from) for an unknown option in ``message``."""
+    found = _UNRECOGNIZED.search(message) or _NOT_ACCEPTED.search(message)
+    if found is None:
+        return ""
+    name = found.group(1).lstrip("-")
+    options = sorted({o.lstrip("-") for action in parser._actions for o in action.option_strings if "." in o})
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)
+    hint = f"; did you mean --{close[0]}?" if close else ""
+    if found.re is _NOT_ACCEPTED and f"--{name}" not in given:
+        configs = [given[i + 1] for i, a in enumerate(given[:-1]) if a in ("--config", "-c")]
+        if configs:
+            hint += f" ('{name}' is a key of {' or '.join(configs)}, not of the command line)"
+    return hint

@@ -1,0 +1,65 @@
+"""cli_parser.py through train.main: an unknown option is one error line with the closest valid option and where
+--help is, not the subcommand's whole usage; an unknown config key names the config files; --optimizer and
+--lr_scheduler are not options (the module's recipe is the optimizer)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import train
+
+REPO = Path(__file__).resolve().parent.parent
+QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
+
+
+def error_of(argv: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(sys, "argv", [str(REPO / "train.py")])
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("--modle.arch", "--model.arch"), ("--trainer.max_stepz", "--trainer.max_steps"),
+     ("--data.batchsize", "--data.batch_size")],
+)  # fmt: skip
+def test_a_mistyped_option_is_one_line_with_the_option_meant(typo, meant, capsys, monkeypatch) -> None:
+    err = error_of(["fit", "--config", QUICKSTART, typo, "3"], capsys, monkeypatch)
+    # Before: about 130 lines of fit's usage above the error.
+    assert len(err.splitlines()) <= 4
+    assert err.splitlines()[-1] == f"error: unrecognized arguments: {typo} 3; did you mean {meant}?"
+    assert "train.py fit --help" in err
+
+
+def test_a_config_files_unknown_key_names_the_files(tmp_path: Path, capsys, monkeypatch) -> None:
+    config = tmp_path / "mine.yaml"
+    config.write_text("data:\n  batchsize: 8\n")
+    err = error_of(["fit", "--config", QUICKSTART, "--config", str(config)], capsys, monkeypatch)
+    assert "does not accept option 'data.batchsize'; did you mean --data.batch_size?" in err
+    assert f"is a key of {QUICKSTART} or {config}, not of the command line" in err
+
+
+def test_an_option_with_nothing_close_gets_no_guess(capsys, monkeypatch) -> None:
+    err = error_of(["fit", "--config", QUICKSTART, "--zzz.qqq", "1"], capsys, monkeypatch)
+    assert err.splitlines()[-1] == "error: unrecognized arguments: --zzz.qqq 1"
+
+
+@pytest.mark.parametrize("option", ["--optimizer", "--lr_scheduler"])
+def test_optimizer_and_scheduler_options_are_refused(option, capsys, monkeypatch) -> None:
+    # LightningCLI's --optimizer replaced the recipe silently (no warmup, no lr scaling); --lr_scheduler was ignored.
+    err = error_of(["fit", "--config", QUICKSTART, option, "StepLR"], capsys, monkeypatch)
+    assert f"unrecognized arguments: {option} StepLR" in err
+
+
+def test_help_still_prints_every_option(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", [str(REPO / "train.py")])
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["fit", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--model.arch" in out and "--data.batch_size" in out and "--optimizer" not in out
