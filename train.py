@@ -23,7 +23,6 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.cli import LightningCLI
-from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
@@ -38,6 +37,7 @@ from checkpoint_io import AtomicCheckpointIO
 from cli_parser import ReadableErrorsParser
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
+from run_logger import RunLogger
 
 try:  # Lightning's test for its model-registry checkpoint names ("registry", "registry:NAME:VERSION")
     from pytorch_lightning.utilities.model_registry import _is_registry
@@ -329,6 +329,12 @@ class ImageNetCLI(LightningCLI):
         # the user's own replaced Lightning's default.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        # A run from a checkpoint continues the one before it: its metrics.csv keeps the earlier rows (run_logger.py).
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("ckpt_path"):
+            for logger in trainer.loggers:
+                if isinstance(logger, RunLogger):
+                    logger.resuming = True
         return trainer
 
 
@@ -381,9 +387,7 @@ CLI_SETTINGS: dict[str, Any] = {
     "auto_configure_optimizers": False,
     # Errors as one line with a suggestion, not the subcommand's whole usage above it (cli_parser.py).
     "parser_class": ReadableErrorsParser,
-    "trainer_defaults": {
-        "logger": {"class_path": CSVLogger.__module__ + ".CSVLogger", "init_args": {"save_dir": "runs"}}
-    },
+    "trainer_defaults": {"logger": {"class_path": "run_logger.RunLogger", "init_args": {"save_dir": "runs"}}},
 }
 
 
