@@ -43,8 +43,10 @@ from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.utilities import rank_zero_warn
 
 from callbacks.ranges import checkpoint_range
+from image_loading import BadImageError
 
 try:
     from typing_extensions import override
@@ -115,6 +117,32 @@ class ResumableCheckpoint(ModelCheckpoint):
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # A file that cannot be decoded ends the fit where a batch is fetched: between two optimizer steps (the
+        # prefetcher's error surfaces at the next fetch), or in the validation after the epoch's last step. The
+        # training state is whole there: saved, the fixed file and a resume go on from this step instead of from
+        # the last save, an epoch earlier at worst. One process only: under DDP the other ranks wait in a collective,
+        # and a save, a collective too, would hang.
+        if not (
+            self.monitor is None
+            and isinstance(exception, BadImageError)
+            and trainer.world_size == 1
+            and trainer.state.fn == "fit"
+            and not trainer.sanity_checking
+            and trainer.global_step > self._last_global_step_saved
+            and trainer.global_step != self._step_before_batch  # not inside an accumulated step
+        ):
+            return
+        candidates = self._monitor_candidates(trainer)
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
+        path = self.best_model_path or self.last_model_path
+        rank_zero_warn(
+            f"bad image: saved {path} at step {trainer.global_step}; replace or remove the file (or set "
+            f"data.on_bad_image: skip) and resume with --ckpt_path {path}"
+        )
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

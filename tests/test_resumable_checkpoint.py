@@ -164,3 +164,49 @@ def test_state_key_is_lightnings_and_formatted_once(monkeypatch: pytest.MonkeyPa
     assert [callback.state_key for _ in range(12)] == [expected] * 12
     assert len(formatted) == 1
     assert "'every_n_train_steps': 5" in expected and expected.startswith("ResumableCheckpoint{")
+
+
+class BatchCount(Callback):
+    """Counts the training batches of the fits it is part of (a class attribute: train.py instantiates it)."""
+
+    batches = 0
+
+    def on_train_batch_end(self, *args: object) -> None:
+        BatchCount.batches += 1
+
+
+def test_a_bad_image_saves_the_step_it_stopped_at_and_the_fixed_run_goes_on_from_it(
+    shapes_root, tmp_path, tiny_args, monkeypatch
+):
+    """A corrupt JPEG stopped a fit with nothing saved since the last epoch end (on ImageNet, up to an epoch of GPU
+    time); now last.ckpt holds the step the fit reached, and the run resumed after the file is fixed trains exactly
+    the rest of the epoch."""
+    import shutil
+    import sys
+
+    import train
+    from image_loading import BadImageError
+
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    victim = sorted((root / "train").rglob("*.JPEG"))[100]
+    original = victim.read_bytes()
+    victim.write_bytes(b"not a JPEG")
+    monkeypatch.setattr(sys, "argv", [str(Path(train.__file__))])
+    job = tiny_args(root, tmp_path, trainer__limit_val_batches=0, last_checkpoint__dirpath=tmp_path / "ckpt")
+    steps_per_epoch = 240 // 16
+
+    counting = ["--trainer.callbacks+", "test_resumable_checkpoint.BatchCount"]
+    BatchCount.batches = 0
+    saved_at = rf"bad image: saved {tmp_path / 'ckpt' / 'last.ckpt'} at step \d+; replace or remove the file"
+    with pytest.raises(BadImageError, match=victim.name), pytest.warns(UserWarning, match=saved_at):
+        train.main(["fit", *job, "--trainer.max_steps", str(steps_per_epoch), *counting])
+    reached = BatchCount.batches
+    assert 0 < reached < steps_per_epoch  # the shuffled order put the file inside the epoch (seed 0)
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert saved["global_step"] == reached
+    victim.write_bytes(original)
+    BatchCount.batches = 0
+    cli = train.main(["fit", *job, "--trainer.max_steps", str(steps_per_epoch), *counting,
+                      "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt")])  # fmt: skip
+    assert cli.trainer.global_step == steps_per_epoch and BatchCount.batches == steps_per_epoch - reached
