@@ -299,11 +299,12 @@ def check_logged_losses(run_dir: Path, reference_dir: Path) -> list[dict[str, st
 
 def test_resumed_run_logs_the_losses_of_the_uninterrupted_run(reference, interrupted) -> None:
     logged = check_logged_losses(interrupted["run_dir"], reference["run_dir"])
-    # The last process's rows (Lightning's CSVLogger starts metrics.csv anew in a version folder that has one, and a
-    # killed process flushes nothing): one per step but its first, whose interval the module only times
-    # (ImageNetClassifier.on_train_batch_end).
+    # The rows of every process that flushed (run_logger.RunLogger keeps metrics.csv across resumes; a killed process
+    # flushes nothing), ending with the last process's: one per step but its first, whose interval the module only
+    # times (ImageNetClassifier.on_train_batch_end).
     last_start = [record["start"] for record in interrupted["records"] if "start" in record][-1]
-    assert len(logged) == STEPS - last_start - 1 >= 1, logged
+    last = STEPS - last_start - 1
+    assert last >= 1 and [int(row["step"]) for row in logged][-last:] == list(range(last_start + 1, STEPS))
 
 
 @pytest.fixture
@@ -345,8 +346,10 @@ def test_second_resume_after_an_epoch_end_resume_is_exact(reference, tiny_args, 
     with open(tmp_path / "logs" / "fixed" / "metrics.csv", newline="") as f:
         validated = [row["epoch"] for row in csv.DictReader(f) if row.get("val_acc1")]
     assert "1" in validated
-    # The last run logged what the uninterrupted run logged (Lightning's CSVLogger starts metrics.csv anew in a
-    # version folder that has one): every step but its first, whose interval the module only times.
-    assert len(check_logged_losses(tmp_path, reference["run_dir"])) == STEPS - (STEPS_PER_EPOCH + 2) - 1
+    # Every run logged what the uninterrupted run logged; metrics.csv keeps the earlier runs' rows (run_logger.py)
+    # and ends with the last run's: every step but its first, whose interval the module only times.
+    logged = [int(row["step"]) for row in check_logged_losses(tmp_path, reference["run_dir"])]
+    assert logged[-(STEPS - (STEPS_PER_EPOCH + 2) - 1) :] == list(range(STEPS_PER_EPOCH + 3, STEPS))
+    assert logged[0] < STEPS_PER_EPOCH  # the first run's rows are still there
     weights, expected_weights = load_checkpoint(tmp_path)["state_dict"], load_checkpoint(reference["run_dir"])
     assert all(torch.equal(tensor, expected_weights["state_dict"][name]) for name, tensor in weights.items())
