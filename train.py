@@ -378,7 +378,14 @@ def version() -> str:
 #: The CLI's settings beside its arguments (also for code that builds the CLI with ``run=False``, as the benchmarks do).
 CLI_SETTINGS: dict[str, Any] = {
     "seed_everything_default": 0,
-    "parser_kwargs": {"version": version()},
+    "parser_kwargs": {
+        "version": version(),
+        # The top-level --help: what a main_amp.py user looks for first (Lightning's default says nothing of either).
+        "description": "Trains and profiles torchvision ResNets on ImageNet-style folders. fit is implied: python "
+        "train.py --config configs/quickstart.yaml; validate and test take --ckpt_path. main_amp.py command lines "
+        "run as they are: python train.py -a resnet50 --b 224 --opt-level O1 --prof 20 DATA_DIR. Every option: "
+        "python train.py fit --help.",
+    },
     # Reruns in the same run folder and DDP relaunches would otherwise abort on the config saved before.
     "save_config_kwargs": {"overwrite": True},
     # No --optimizer/--lr_scheduler: the module's recipe (SGD, lr x global batch / 256, warmup, step decay: model.*)

@@ -63,3 +63,12 @@ def test_help_still_prints_every_option(capsys, monkeypatch) -> None:
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "--model.arch" in out and "--data.batch_size" in out and "--optimizer" not in out
+
+
+def test_the_top_level_help_says_fit_is_implied_and_main_amp_lines_run(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", [str(REPO / "train.py")])
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "fit is implied" in out and "-a resnet50 --b 224 --opt-level O1 --prof 20 DATA_DIR" in out
