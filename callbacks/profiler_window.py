@@ -36,6 +36,7 @@ phase on the host and the GPU, per rank, and whether the input copies overlap co
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -242,7 +243,8 @@ class ProfilerWindow(Callback):
                 f"would train to its end instead. Place the window at or after step {first} (e.g. --profile.start_step "
                 f"{first + 20}), or --profile.exit_after false to train on without it"
             )
-        if all(start >= total for start, _ in self.windows):
+        # Only for a known total: a loader without a length gives max_steps there (-1 when unset).
+        if 0 <= total < math.inf and all(start >= total for start, _ in self.windows):
             # No window can open (a start step past max_steps, or max_epochs x limit_train_batches): the run would
             # train to its end with nothing recorded, under nsys --capture-range=cudaProfilerApi a whole run for an
             # empty report. Refused before the first step, on every rank alike (the same total everywhere).
@@ -258,13 +260,13 @@ class ProfilerWindow(Callback):
                     f"profile: window at steps {start}..{end - 1} starts before step {first}, where this run resumes; "
                     "it will not be recorded"
                 )
-            elif start >= total:
+            elif 0 <= total <= start:
                 rank_zero_warn(
                     f"profile: window at steps {start}..{end - 1} starts after the last step of this run "
                     f"(steps 0..{int(total) - 1}: see trainer.max_steps/max_epochs/limit_train_batches); "
                     "it will not be recorded"
                 )
-            elif end > total:
+            elif 0 <= total < end:
                 rank_zero_warn(
                     f"profile: window at steps {start}..{end - 1} is cut short at the last step {int(total) - 1}"
                 )

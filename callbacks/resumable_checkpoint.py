@@ -120,17 +120,19 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        # A file that cannot be decoded ends the fit where a batch is fetched: between two optimizer steps (the
-        # prefetcher's error surfaces at the next fetch), or in the validation after the epoch's last step. The
-        # training state is whole there: saved, the fixed file and a resume go on from this step instead of from
-        # the last save, an epoch earlier at worst. One process only: under DDP the other ranks wait in a collective,
-        # and a save, a collective too, would hang.
+        # A file that cannot be decoded ends the fit where a training batch is fetched, between two optimizer steps
+        # (the prefetcher's error surfaces at the next fetch). The training state is whole there: saved, the fixed
+        # file and a resume go on from this step instead of from the last save, an epoch earlier at worst. Not in
+        # validation: Lightning resumes a save from there past the validation (at an epoch's end, as a finished
+        # epoch), which would never run. One process only: under DDP the other ranks wait in a collective, and a
+        # save, a collective too, would hang.
         if not (
             self.monitor is None
             and isinstance(exception, BadImageError)
             and trainer.world_size == 1
             and trainer.state.fn == "fit"
             and not trainer.sanity_checking
+            and not trainer.validating
             and trainer.global_step > self._last_global_step_saved
             and trainer.global_step != self._step_before_batch  # not inside an accumulated step
         ):

@@ -323,6 +323,29 @@ def test_a_window_after_the_last_step_warns_and_no_window_at_all_is_refused(tmp_
     assert not any(name and name.startswith("step") for _, name in recorder.events)
 
 
+def test_a_loader_without_a_length_is_not_refused(tmp_path, recorder):
+    # Lightning's estimated_stepping_batches is max_steps (-1 unset) for such a loader: no total to check against.
+    from pytorch_lightning.demos.boring_classes import BoringModel
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):  # noqa: ANN204
+            return iter(torch.randn(8, 32))
+
+    class Model(BoringModel):
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(Stream(), batch_size=2)
+
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=2, callbacks=[ProfilerWindow(start_step=1, num_steps=1,
+                         report=False)], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Model())
+    assert "step 1" in [name for name, _ in recorder.tree()]  # the window opened (exit_after stopped there)
+    assert not [w for w in caught if "cut short" in str(w.message) or "after the last step" in str(w.message)]
+
+
 def test_nothing_captures_the_window_is_said_once(tmp_path, recorder):
     with pytest.warns(UserWarning) as record:
         fit(tmp_path, ProfilerWindow(start_step=[1, 3], num_steps=1), max_steps=10)

@@ -210,3 +210,23 @@ def test_a_bad_image_saves_the_step_it_stopped_at_and_the_fixed_run_goes_on_from
     cli = train.main(["fit", *job, "--trainer.max_steps", str(steps_per_epoch), *counting,
                       "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt")])  # fmt: skip
     assert cli.trainer.global_step == steps_per_epoch and BatchCount.batches == steps_per_epoch - reached
+
+
+def test_a_bad_image_in_validation_saves_nothing(shapes_root, tmp_path, tiny_args, monkeypatch):
+    """Lightning resumes a save taken in validation past that validation (at an epoch's end, as a finished epoch): the
+    resumed run would never validate the epoch. The last save stands, as before."""
+    import shutil
+    import sys
+
+    import train
+    from image_loading import BadImageError
+
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    victim = sorted((root / "val").rglob("*.JPEG"))[0]
+    victim.write_bytes(b"not a JPEG")
+    monkeypatch.setattr(sys, "argv", [str(Path(train.__file__))])
+    job = tiny_args(root, tmp_path, last_checkpoint__dirpath=tmp_path / "ckpt")
+    with pytest.raises(BadImageError, match=victim.name):
+        train.main(["fit", *job, "--trainer.max_epochs", "1"])
+    assert not (tmp_path / "ckpt" / "last.ckpt").exists()
