@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
+from collections.abc import Sequence
 from typing import IO, Any, NoReturn
 
 from pytorch_lightning.cli import LightningArgumentParser
@@ -47,7 +48,20 @@ def _suggestion(message: str, parser: Any, given: list[str]) -> str:
     close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)
     hint = f"; did you mean --{close[0]}?" if close else ""
     if found.re is _NOT_ACCEPTED and f"--{name}" not in given:
-        configs = [given[i + 1] for i, a in enumerate(given[:-1]) if a in ("--config", "-c")]
+        configs = option_values(given, ("--config", "-c"))
         if configs:
             hint += f" ('{name}' is a key of {' or '.join(configs)}, not of the command line)"
     return hint
+
+
+def option_values(args: Sequence[str], names: Sequence[str]) -> list[str]:
+    """The values of the options ``names`` in ``args``, in order (``--name VALUE`` and ``--name=VALUE``)."""
+    values = []
+    for position, token in enumerate(args):
+        name, equals, value = token.partition("=")
+        if name in names:
+            if equals:
+                values.append(value)
+            elif position + 1 < len(args):
+                values.append(args[position + 1])
+    return values

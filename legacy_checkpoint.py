@@ -459,19 +459,6 @@ def instantiate_run(cli_argv: Sequence[str]) -> tuple[Any, Any, Any]:
     return cli.model, cli.datamodule, cli.trainer
 
 
-def _option_values(args: Sequence[str], names: Sequence[str]) -> list[str]:
-    """The values of the options ``names`` in ``args``, in order (``--name VALUE`` and ``--name=VALUE``)."""
-    values = []
-    for position, token in enumerate(args):
-        name, equals, value = token.partition("=")
-        if name in names:
-            if equals:
-                values.append(value)
-            elif position + 1 < len(args):
-                values.append(args[position + 1])
-    return values
-
-
 def _file_digest(path: str) -> str | None:
     """sha256 of the file's bytes; ``None`` for a file that cannot be read (the run's own parser then says why)."""
     try:
@@ -486,6 +473,8 @@ def conversion_key(source: str | os.PathLike, cli_argv: Sequence[str], environ: 
     ``--data.root`` means another folder from another working directory), the world."""
     import pytorch_lightning as pl
 
+    from cli_parser import option_values
+
     environ = os.environ if environ is None else environ
     stat = Path(source).stat()
     args = instantiation_args(cli_argv)
@@ -496,9 +485,9 @@ def conversion_key(source: str | os.PathLike, cli_argv: Sequence[str], environ: 
         "size": stat.st_size,
         "mtime_ns": stat.st_mtime_ns,
         "args": args,
-        "configs": [[path, _file_digest(path)] for path in _option_values(args, ("--config", "-c"))],
+        "configs": [[path, _file_digest(path)] for path in option_values(args, ("--config", "-c"))],
         # Without --data.root, the configuration's root: a relative one is relative to the working directory.
-        "data_root": [str(Path(root).resolve()) for root in _option_values(args, ("--data.root",))] or os.getcwd(),
+        "data_root": [str(Path(root).resolve()) for root in option_values(args, ("--data.root",))] or os.getcwd(),
         "world": [environ.get(name) for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE")],
     }
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()

@@ -377,17 +377,29 @@ def _gaps(
     for i, names in gaps.items():
         if EPOCH_END not in names:
             continue
-        start, end = step_ranges[i + 1]
-        fetches = [  # from the gap's start: a fetch that opens a microsecond before its step range still counts
-            e for e in annotations
-            if e["name"] == "data" and e.get("tid", main_tid) == main_tid and step_ranges[i][1] <= e["ts"] <= end
-        ]  # fmt: skip
-        if fetches:
-            fetch = min(fetches, key=lambda e: e["ts"])
-            fetched = max(start, float(fetch["ts"] + fetch["dur"]))
-            step_ranges[i + 1] = (fetched, end)
+        start = step_ranges[i + 1][0]
+        # From the gap's start: a fetch that opens a microsecond before its step range still counts.
+        fetched = _move_past_first_fetch(annotations, main_tid, step_ranges, i + 1, since=step_ranges[i][1])
+        if fetched is not None:
             first_fetch[i] = fetched - start
     return gaps, first_fetch
+
+
+def _move_past_first_fetch(
+    annotations: list[dict], main_tid: Any, step_ranges: list[Interval], index: int, since: float
+) -> float | None:
+    """Moves step ``index`` to start where its first ``data`` range (one opening from ``since`` on) ended, and returns
+    that point; ``None`` (the step unchanged) when there is none. ``step_ranges`` is changed in place."""
+    start, end = step_ranges[index]
+    fetches = [
+        e for e in annotations if e["name"] == "data" and e.get("tid", main_tid) == main_tid and since <= e["ts"] <= end
+    ]
+    if not fetches:
+        return None
+    fetch = min(fetches, key=lambda e: e["ts"])
+    fetched = max(start, float(fetch["ts"] + fetch["dur"]))
+    step_ranges[index] = (fetched, end)
+    return fetched
 
 
 def _later_fetch_waits(kernels: Sequence[tuple[float, float, float]], fetches: Sequence[Interval]) -> float:
@@ -408,16 +420,12 @@ def _fold_epoch_start(annotations: list[dict], main_tid: Any, step_ranges: list[
     """The first step's epoch-start fetch ``(step start, fetch end)``, us, when the step holds an ``epoch start``
     range; the step is moved to start where that fetch ended (``step_ranges`` is changed in place)."""
     start, end = step_ranges[0]
-    inside = [e for e in annotations if e.get("tid", main_tid) == main_tid and start <= e["ts"] <= end]
-    if not any(e["name"] == EPOCH_START for e in inside):
+    if not any(
+        e["name"] == EPOCH_START and e.get("tid", main_tid) == main_tid and start <= e["ts"] <= end for e in annotations
+    ):
         return None
-    fetches = [e for e in inside if e["name"] == "data"]
-    if not fetches:
-        return None
-    fetch = min(fetches, key=lambda e: e["ts"])
-    fetched = max(start, float(fetch["ts"] + fetch["dur"]))
-    step_ranges[0] = (fetched, end)
-    return (start, fetched)
+    fetched = _move_past_first_fetch(annotations, main_tid, step_ranges, 0, since=start)
+    return None if fetched is None else (start, fetched)
 
 
 def _find(ranges: Sequence[Interval], starts: Sequence[float], t: float) -> int | None:

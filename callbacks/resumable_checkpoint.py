@@ -114,9 +114,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             and self._inside_the_epoch(trainer)
             and not self._should_skip_saving_checkpoint(trainer)
         ):
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+            self._save_here(trainer)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -137,9 +135,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             and trainer.global_step != self._step_before_batch  # not inside an accumulated step
         ):
             return
-        candidates = self._monitor_candidates(trainer)
-        self._save_topk_checkpoint(trainer, candidates)
-        self._save_last_checkpoint(trainer, candidates)
+        self._save_here(trainer)
         path = self.best_model_path or self.last_model_path
         rank_zero_warn(
             f"bad image: saved {path} at step {trainer.global_step}; replace or remove the file (or set "
@@ -151,6 +147,12 @@ class ResumableCheckpoint(ModelCheckpoint):
         if self.monitor is None and self._inside_the_epoch(trainer):
             return  # the fit stopped before the epoch's last batch: not an epoch end to resume from (see above)
         super().on_train_epoch_end(trainer, pl_module)
+
+    def _save_here(self, trainer: pl.Trainer) -> None:
+        """The callback's saves (top-k and last) at this point, as at a batch end where it is due."""
+        candidates = self._monitor_candidates(trainer)
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
 
     @staticmethod
     def _inside_the_epoch(trainer: pl.Trainer) -> bool:

@@ -39,6 +39,12 @@ class FakeDevice:
     def clock(self) -> float:
         return self.host_ms / 1000
 
+    def timer(self) -> StepTimer:
+        """A :class:`StepTimer` on these clocks, its one synchronize a no-op."""
+        timer = StepTimer()
+        timer.clock, timer.new_event, timer.synchronize = self.clock, self.event, lambda: None
+        return timer
+
     def event(self, gpu_ms: float | None = None) -> FakeEvent:
         event = FakeEvent(self)
         if gpu_ms is not None:
@@ -96,8 +102,7 @@ def run_step(timer: StepTimer, fake: FakeDevice, step: int, times: list[tuple[fl
 
 def test_events_give_known_phase_times_lag_busy_fraction_and_copy_overlap(monkeypatch):
     fake = FakeDevice()
-    timer = StepTimer()
-    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    timer = fake.timer()
     prefetcher = DevicePrefetcher([], "cpu")
     trainer = fake_trainer("cuda:0", loader=[prefetcher])
     timer.start(trainer, (0, 2))
@@ -169,8 +174,7 @@ def test_a_copy_run_while_the_gpu_waits_for_the_host_is_hidden_one_that_compute_
     compute and holds nothing up. With ``held_up`` the step's own batch is still being copied when the host has
     finished the fetch: the compute stream waits for it."""
     fake = FakeDevice()
-    timer = StepTimer()
-    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    timer = fake.timer()
     prefetcher = DevicePrefetcher([], "cpu")
     trainer = fake_trainer("cuda:0", loader=[prefetcher])
     timer.start(trainer, (0, 2))
@@ -208,8 +212,7 @@ def test_a_copy_run_while_the_gpu_waits_for_the_host_is_hidden_one_that_compute_
 
 def test_the_gap_of_an_epoch_end_and_the_next_first_fetch_are_left_out_of_wall_time_and_gpu_busy(tmp_path, monkeypatch):
     fake = FakeDevice()
-    timer = StepTimer()
-    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    timer = fake.timer()
     prefetcher = DevicePrefetcher([], "cpu")
     trainer = fake_trainer("cuda:0", loader=[prefetcher])
     timer.start(trainer, (0, 3))
@@ -272,8 +275,7 @@ def test_a_window_opening_at_an_epochs_first_step_leaves_its_first_fetch_out():
     # The nsys check of a window at an epoch's first step (window 25-29, 25 batches an epoch) read "input-bound: data
     # wait is 44.9% of the step": 212 ms of step 25's 276 were the loader refilling, 1-2 ms in each later step.
     fake = FakeDevice()
-    timer = StepTimer()
-    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    timer = fake.timer()
     prefetcher = DevicePrefetcher([], "cpu")
     trainer = fake_trainer("cuda:0", loader=[prefetcher])
     timer.start(trainer, (25, 27))
@@ -302,8 +304,7 @@ def test_a_window_opening_at_an_epochs_first_step_leaves_its_first_fetch_out():
     assert text in step_report.markdown(report)
 
     # The same window without the mark (opening in the middle of an epoch): the fetch is the step's own.
-    timer = StepTimer()
-    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    timer = fake.timer()
     timer.start(fake_trainer("cuda:0"), (25, 27))
     run_step(timer, fake, 25, [(0, 0), (200, 200), (205, 206), (209, 212), (210, 213)])
     run_step(timer, fake, 26, [(211, 214), (212, 215), (217, 220), (221, 226), (222, 227)])
@@ -317,8 +318,7 @@ def test_a_copy_the_second_micro_batch_waited_for_is_not_overlapped_by_the_steps
     # Two micro-batches: the step's compute span (first forward .. step end) holds the second fetch, where the compute
     # stream waited 10 ms for a copy; that copy overlapped no compute (the report read "prefetch hidden, 100%").
     fake = FakeDevice()
-    timer = StepTimer()
-    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    timer = fake.timer()
     prefetcher = DevicePrefetcher([], "cpu")
     trainer = fake_trainer("cuda:0", loader=[prefetcher])
     timer.start(trainer, (0, 1))
@@ -359,8 +359,7 @@ def test_a_copy_the_second_micro_batch_waited_for_is_not_overlapped_by_the_steps
 def test_a_step_without_a_fetch_range_after_an_epoch_end_keeps_its_start():
     # A loader Lightning does not report fetches of opens no `data` phase: nothing to fold, no first_fetch_ms.
     fake = FakeDevice()
-    timer = StepTimer()
-    timer.clock, timer.new_event, timer.synchronize = fake.clock, fake.event, lambda: None
+    timer = fake.timer()
     trainer = fake_trainer("cuda:0")
     timer.start(trainer, (0, 2))
     run_step(timer, fake, 0, [(0, 0), (1, 1), (3, 5), (5, 9), (6, 10)])
