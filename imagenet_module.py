@@ -236,6 +236,8 @@ class ImageNetClassifier(pl.LightningModule):
         self._steps_per_epoch: int | None = None
         self._saved_steps_per_epoch: int | None = None
         self._map_schedule_at_first_batch = False
+        # The restored checkpoint's share of its epoch's loss (on_save_checkpoint), taken up at the first batch.
+        self._saved_epoch_loss: dict[str, Any] | None = None
 
     # --- model ----------------------------------------------------------------------------------------
     @override
@@ -251,6 +253,7 @@ class ImageNetClassifier(pl.LightningModule):
                 f"{mine[1]} classes; pass --model.arch {theirs[0]} (and the data it was trained on)"
             )
         self._saved_steps_per_epoch = checkpoint.get("lr_schedule_units", {}).get("steps_per_epoch")
+        self._saved_epoch_loss = checkpoint.get("train_epoch_loss")
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -261,6 +264,14 @@ class ImageNetClassifier(pl.LightningModule):
                 "steps_per_epoch": self._steps_per_epoch,
                 "global_batch": self.global_batch_size(),
             }
+        # The epoch's loss so far, for train_loss_epoch after a resume inside the epoch (one small copy to the host, at
+        # a checkpoint only). Under DDP rank 0 writes the file: every rank resumes with rank 0's share, an estimate of
+        # its own; on one device the resumed epoch logs the uninterrupted run's mean.
+        checkpoint["train_epoch_loss"] = {
+            "epoch": self.current_epoch,
+            "sum": float(self._sums[3]),
+            "images": self._epoch_images,
+        }
 
     @override
     def configure_model(self) -> None:
@@ -429,6 +440,13 @@ class ImageNetClassifier(pl.LightningModule):
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        saved, self._saved_epoch_loss = self._saved_epoch_loss, None
+        if saved is not None and saved.get("epoch") == self.current_epoch:
+            # A resume inside the epoch the checkpoint was saved in (Lightning then skips on_train_epoch_start):
+            # train_loss_epoch goes on from the loss of the steps before it. After a checkpoint of an epoch's last
+            # batch the run starts the next epoch, and its sums start at zero.
+            self._sums[3] = float(saved["sum"])
+            self._epoch_images = int(saved["images"])
         if not self._map_schedule_at_first_batch:
             return
         self._map_schedule_at_first_batch = False
@@ -491,8 +509,10 @@ class ImageNetClassifier(pl.LightningModule):
                 self._sums[:3].zero_()
             self._interval_images = 0
             return
-        # The same condition on every rank at the same step: Lightning writes step metrics on exactly these steps.
-        if step % self.trainer.log_every_n_steps != 0:
+        # The same condition on every rank at the same step: Lightning writes step metrics on exactly these steps
+        # (none with log_every_n_steps 0; the epoch's train_loss_epoch is still logged).
+        every = self.trainer.log_every_n_steps
+        if every <= 0 or step % every != 0:
             return
         # Named on the timeline: the step's range has closed (callbacks run first), and this is the interval's sync.
         with app_range(METRICS):

@@ -5,11 +5,16 @@ Lightning's writer deleted that folder's ``metrics.csv`` when it started: every 
 accuracy history of the segments before it. When train.py says the run resumes, the writer appends instead (with
 the union of both segments' columns). Rows that the interrupted run logged after its last checkpoint stay, and the
 resumed run logs those steps again.
+
+:class:`NewRunFolder` takes back the run folder of a run refused before its first step.
 """
 
 from __future__ import annotations
 
 import csv
+import os
+import shutil
+from pathlib import Path
 
 from lightning_fabric.utilities.rank_zero import rank_zero_only
 from pytorch_lightning.loggers import CSVLogger
@@ -43,3 +48,55 @@ class RunLogger(CSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _AppendingWriter(log_dir=self.log_dir)
         return super().experiment
+
+
+#: What a run writes into its log folder before its first step: LightningCLI's config.yaml, the logger's
+#: hparams.yaml, and metrics.csv (a header at most).
+_WRITTEN_BEFORE_TRAINING = frozenset({"config.yaml", "hparams.yaml", "metrics.csv"})
+
+
+class NewRunFolder:
+    """The folders a run is about to create for its logs (its ``version_N`` and any parent missing so far).
+
+    A run refused in setup (a batch larger than the dataset, a profiled rank that does not exist) still had its
+    logger create ``version_N``: every mistake left a folder behind that holds nothing, and the next run's number
+    skipped it. :meth:`remove_if_unused` takes them back when the run wrote nothing of its own into them.
+
+    Args:
+        log_dir: the logger's folder for this run, before the run starts.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike) -> None:
+        path = Path(log_dir)
+        # Deepest first: the run's folder, then each parent this run would create.
+        self.created = [folder for folder in (path, *path.parents) if not folder.exists()]
+
+    def remove_if_unused(self) -> bool:
+        """Removes the folders this run created if they hold nothing but what a run writes before its first step;
+        returns whether the run's folder is gone. A folder that existed before, or that another run wrote into
+        meanwhile, stays."""
+        if not self.created:
+            return False
+        log_dir = self.created[0]
+        if log_dir.exists():
+            if not _holds_only_setup_files(log_dir):
+                return False
+            shutil.rmtree(log_dir)
+        for parent in self.created[1:]:
+            try:
+                parent.rmdir()  # only when empty
+            except OSError:
+                break
+        return True
+
+
+def _holds_only_setup_files(folder: Path) -> bool:
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            if any(entry.iterdir()):  # an empty checkpoints/ folder is no result
+                return False
+        elif entry.name not in _WRITTEN_BEFORE_TRAINING or not entry.is_file():
+            return False
+        elif entry.name == "metrics.csv" and len(entry.read_bytes().splitlines()) > 1:
+            return False
+    return True

@@ -13,6 +13,7 @@ Every option lives in the config and can be overridden on the command line (``--
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 import zipfile
@@ -23,8 +24,9 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.cli import LightningCLI
+from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.plugins.io import TorchCheckpointIO
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 import apex_compat
 import cuda_env
@@ -37,7 +39,12 @@ from checkpoint_io import AtomicCheckpointIO
 from cli_parser import ReadableErrorsParser
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
-from run_logger import RunLogger
+from run_logger import NewRunFolder, RunLogger
+
+try:
+    from typing_extensions import override
+except ImportError:  # pragma: no cover
+    from typing import override  # type: ignore[attr-defined,no-redef]
 
 try:  # Lightning's test for its model-registry checkpoint names ("registry", "registry:NAME:VERSION")
     from pytorch_lightning.utilities.model_registry import _is_registry
@@ -323,6 +330,28 @@ class ImageNetCLI(LightningCLI):
                 raise
             self.parser.error(str(error))
 
+    @override
+    def _run_subcommand(self, subcommand: str) -> None:
+        new_folder = self._new_run_folder()
+        try:
+            super()._run_subcommand(subcommand)
+        except (ValueError, FileNotFoundError) as error:
+            # The checks that need the data or the world size run in setup (a batch larger than a rank's share of the
+            # images, a profiled rank past the world size): said as instantiate_classes says the others, and the
+            # run folder the logger made for the refused run taken back (it holds the config at most).
+            if not str(error).startswith(CONFIG_SECTIONS):
+                raise
+            if new_folder is not None:
+                new_folder.remove_if_unused()
+            self.parser.error(str(error))
+
+    def _new_run_folder(self) -> NewRunFolder | None:
+        """The folders the logger is about to create for this run (rank 0, which writes them), if it is a CSV logger."""
+        logger = self.trainer.logger
+        if rank_zero_only.rank != 0 or not isinstance(logger, CSVLogger):
+            return None
+        return NewRunFolder(logger.log_dir)
+
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         trainer = super().instantiate_trainer(**kwargs)
         # Checkpoints are always written atomically and durably (checkpoint_io.py), unless a CheckpointIO plugin of
@@ -353,6 +382,8 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
         cuda_env.request()
     except ValueError as error:
         sys.exit(f"train.py: {error}")
+    # Lightning 2.6 advertises its cloud logger at the start of every run; this application logs to metrics.csv.
+    logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_without_litlogger_tip)
     args = list(sys.argv[1:] if argv is None else argv)
     if apex_compat.is_apex_command_line(args):
         # main_amp.py flags: translated (the equivalent command and notes printed once, on rank 0); a main_amp.py
@@ -364,6 +395,10 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
         # other ranks, and they must parse exactly what rank 0 parsed.
         sys.argv[1:] = args
     return ImageNetCLI(ImageNetClassifier, ImageNetDataModule, args=None if argv is None else args, **CLI_SETTINGS)
+
+
+def _without_litlogger_tip(record: logging.LogRecord) -> bool:
+    return "pypi.org/project/litlogger" not in str(record.msg)
 
 
 def version() -> str:

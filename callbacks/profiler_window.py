@@ -125,7 +125,8 @@ class ProfilerWindow(Callback):
 
     Raises:
         ValueError: For a negative ``start_step``, ``num_steps < 1``, negative or repeated ``ranks``, overlapping
-            windows, ``emit_nvtx`` together with ``torch_profiler``, or window options without ``start_step``; at
+            windows, ``emit_nvtx`` together with ``torch_profiler``, or window options (``ranks``, ``emit_nvtx``,
+            ``torch_profiler``, ``record_shapes``, ``trace_dir``) without ``start_step``; at
             setup, for a rank that is not below the world size.
     """
 
@@ -157,9 +158,14 @@ class ProfilerWindow(Callback):
                 "profile.emit_nvtx and profile.torch_profiler cannot both be on: they use the same autograd profiler "
                 "('Profiler is already enabled on this thread'); pick emit_nvtx for Nsight, torch_profiler for Kineto"
             )
-        if not starts and (emit_nvtx or torch_profiler or record_shapes):
+        window_options = {"ranks": ranks is not None, "emit_nvtx": emit_nvtx, "torch_profiler": torch_profiler,
+                          "record_shapes": record_shapes, "trace_dir": trace_dir is not None}  # fmt: skip
+        if not starts and any(window_options.values()):
+            # Without a window they would do nothing, and the run the user set up to profile would capture nothing.
+            given = ", ".join(f"profile.{key}" for key, on in window_options.items() if on)
             raise ValueError(
-                "profile.emit_nvtx/torch_profiler/record_shapes need profile.start_step to place the window"
+                f"{given} set without profile.start_step: they apply to a profiling window, and there is none; "
+                "set profile.start_step (the window's first optimizer step), or leave them unset"
             )
         if record_shapes and not (emit_nvtx or torch_profiler):
             raise ValueError(

@@ -596,3 +596,21 @@ def test_logged_interval_and_epoch_metrics_are_means_over_their_images(accumulat
     assert epochs == pytest.approx([means(range(0, 4))["train_loss"], means(range(4, 8))["train_loss"]], rel=1e-6)
     # Under DDP, Lightning sums each rank's mean times this weight and the weights: the mean over every rank's images.
     assert [(o["sync_dist"], o["batch_size"]) for o in epoch_options] == [(True, batches * batch)] * 2
+
+
+def test_log_every_n_steps_0_logs_no_interval_and_still_the_epoch_mean() -> None:
+    """Lightning takes ``trainer.log_every_n_steps 0`` as no step logging; the module's interval check divided by it."""
+    torch.manual_seed(0)
+    images, targets = torch.randn(24, 3, 2, 2), torch.randint(0, 10, (24,))
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=6, warmup_epochs=0)
+    model.model = RecordingLinear(3 * 2 * 2, 10)
+    intervals: list[dict] = []
+    epoch_means: list[float] = []
+    model.log_dict = lambda metrics, **_: intervals.append(metrics)
+    model.log = lambda name, value, **_: epoch_means.append(float(value))
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, log_every_n_steps=0, **QUIET)
+    trainer.fit(model, DataLoader(TensorDataset(images, targets), batch_size=6))
+    assert trainer.global_step == 4 and intervals == []
+    outputs = model.model.outputs
+    losses = [F.cross_entropy(logits, targets[6 * k : 6 * k + 6]).item() for k, logits in enumerate(outputs)]
+    assert epoch_means == pytest.approx([sum(losses) / 4], rel=1e-6)

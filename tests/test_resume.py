@@ -353,3 +353,14 @@ def test_second_resume_after_an_epoch_end_resume_is_exact(reference, tiny_args, 
     assert logged[0] < STEPS_PER_EPOCH  # the first run's rows are still there
     weights, expected_weights = load_checkpoint(tmp_path)["state_dict"], load_checkpoint(reference["run_dir"])
     assert all(torch.equal(tensor, expected_weights["state_dict"][name]) for name, tensor in weights.items())
+    # Epoch 1's train_loss_epoch (the last run's, which resumed two steps into it) is the mean over the whole epoch:
+    # the loss of the steps before the resume travels in last.ckpt.
+    resumed, uninterrupted = epoch_losses(tmp_path), epoch_losses(reference["run_dir"])
+    assert resumed["1"] == pytest.approx(uninterrupted["1"], rel=1e-6)
+
+
+def epoch_losses(run_dir: Path) -> dict[str, float]:
+    """The last train_loss_epoch that ``run_dir``'s metrics.csv holds for each epoch."""
+    with open(run_dir / "logs" / "fixed" / "metrics.csv", newline="") as f:
+        rows = [row for row in csv.DictReader(f) if row.get("train_loss_epoch")]
+    return {row["epoch"]: float(row["train_loss_epoch"]) for row in rows}

@@ -1,5 +1,5 @@
 """run_logger.py: a requeued job resuming into its fixed run folder keeps the metrics of the segments before it
-(Lightning's CSVLogger deleted metrics.csv when the resumed run started); a fresh run into that folder starts anew."""
+(Lightning's CSVLogger deleted metrics.csv when the resumed run started); a fresh run into that folder starts anew. A run refused before its first step leaves no run folder behind."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import train
-from run_logger import RunLogger
+from run_logger import NewRunFolder, RunLogger
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,3 +44,38 @@ def test_a_fresh_run_into_the_same_folder_starts_its_metrics_anew(shapes_root, t
     with pytest.warns(UserWarning, match="will be deleted"):  # Lightning's own: no checkpoint, no continuation
         train.main(["fit", *job, "--trainer.max_steps", "2"])
     assert steps_logged(folder) == [1]
+
+
+def test_a_new_run_folder_holding_only_setup_files_is_taken_back_with_its_new_parents(tmp_path):
+    log_dir = tmp_path / "runs" / "name" / "version_0"
+    folder = NewRunFolder(log_dir)
+    assert folder.created == [log_dir, log_dir.parent, log_dir.parent.parent]
+    (log_dir / "checkpoints").mkdir(parents=True)
+    (log_dir / "config.yaml").write_text("model: {}\n")
+    (log_dir / "metrics.csv").write_text("epoch,step\n")  # a header, no row
+    assert folder.remove_if_unused()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "result",
+    [("checkpoints/last.ckpt", b"weights"), ("metrics.csv", b"epoch,step\n0,1\n"), ("step_report/r.json", b"{}")],
+)
+def test_a_run_folder_holding_a_result_stays(tmp_path, result):
+    log_dir = tmp_path / "runs" / "version_0"
+    folder = NewRunFolder(log_dir)
+    path = log_dir / result[0]
+    path.parent.mkdir(parents=True)
+    path.write_bytes(result[1])
+    assert not folder.remove_if_unused()
+    assert path.read_bytes() == result[1]
+
+
+def test_folders_that_were_there_before_the_run_stay(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "version_0").mkdir()
+    assert not NewRunFolder(tmp_path / "runs" / "version_0").remove_if_unused()  # not this run's
+    folder = NewRunFolder(tmp_path / "runs" / "version_1")
+    (tmp_path / "runs" / "version_1").mkdir()
+    assert folder.remove_if_unused()
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["version_0"]

@@ -582,6 +582,29 @@ def test_checks_of_the_configuration_are_said_as_the_parsers_errors(trained: dic
     assert sorted((trained["run"] / "logs").glob("version_*")) == versions  # refused before any run folder
 
 
+def test_checks_in_setup_are_said_in_one_line_and_leave_no_run_folder(
+    shapes_root: Path, tmp_path: Path, tiny_args, refused
+) -> None:
+    # These need the dataset's size or the world size, so they run in setup, after the logger made version_0.
+    images = len(list((shapes_root / "train").rglob("*.JPEG")))
+    for key, value, message in [
+        ("data.batch_size", "100000", f"holds {images} images, fewer than one batch of data.batch_size 100000"),
+        (
+            "profile.start_step",
+            "1 --profile.ranks [3]",
+            "error: profile.ranks [3] names a rank >= the world size 1; valid ranks are 0..0",
+        ),
+    ]:
+        said = refused(["fit", *tiny_args(shapes_root, tmp_path, trainer__max_steps=2), f"--{key}", *value.split()])
+        assert message in said, key
+        assert not (tmp_path / "logs").exists(), key
+    # A folder that was there before the refused run stays, and the run's own new version folder goes.
+    (tmp_path / "logs" / "version_0" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "logs" / "version_0" / "checkpoints" / "last.ckpt").write_bytes(b"earlier run")
+    refused(["fit", *tiny_args(shapes_root, tmp_path), "--data.batch_size", "100000"])
+    assert [p.name for p in (tmp_path / "logs").iterdir()] == ["version_0"]
+
+
 def test_checkpoint_paths_that_cannot_be_loaded_are_refused_naming_why(trained: dict, tmp_path: Path, refused):
     args, not_a_checkpoint = trained["args"], tmp_path / "config.yaml"
     not_a_checkpoint.write_text("model: {}\n")
