@@ -88,6 +88,18 @@ class _FetchObserver(Profiler):
         return self.inner.summary()
 
 
+def _why_unwritable(folder: Path) -> str | None:
+    """Why files cannot be written into ``folder`` (made when the first file is), or None when they can."""
+    existing = folder
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent  # a file in the way makes every path below it not exist
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
 def _torch_nvtx_available() -> bool:
     """Whether ``torch.autograd.profiler.emit_nvtx`` can start here: it synchronizes CUDA first."""
     return torch.cuda.is_available()
@@ -227,6 +239,13 @@ class ProfilerWindow(Callback):
             run_folder = Path(trainer.log_dir or ".")
             self._trace_dir = Path(self.trace_dir) if self.trace_dir else run_folder / "traces"
             self._report_dir = run_folder / "step_report"
+            unwritable = _why_unwritable(self._trace_dir) if self.torch_profiler else None
+            if unwritable:
+                # Found now, not when the window closes after hours of training.
+                raise ValueError(
+                    f"profile.trace_dir: the Kineto traces go to {self._trace_dir}, and {unwritable}; pass a folder "
+                    "this job can write to (--profile.trace_dir DIR)"
+                )
         self._observer = _FetchObserver(trainer.profiler, self._on_fetch_start, self._on_fetch_end)
         trainer.profiler = self._observer
 
@@ -508,18 +527,23 @@ class ProfilerWindow(Callback):
         if not self._profiling_here or window is None:
             return
         self._profiling_here = False
-        # Leave in reverse order of entry, and the CUDA profiler last so that everything before is in the capture.
-        if self._kineto is not None:
-            kineto, self._kineto = self._kineto, None
-            self.ranges.kineto = False
-            kineto.stop()
-            if export:
-                self._export(kineto, window)
-        if self._emit is not None:
-            emit, self._emit = self._emit, None
-            emit.__exit__(None, None, None)
-        if self._cuda:
-            self._check(torch.cuda.cudart().cudaProfilerStop(), "cudaProfilerStop")
+        # Leave in reverse order of entry, and the CUDA profiler last so that everything before is in the capture;
+        # each also when what came before it failed (nothing else would stop the capture: the window is closed).
+        try:
+            if self._kineto is not None:
+                kineto, self._kineto = self._kineto, None
+                self.ranges.kineto = False
+                kineto.stop()
+                if export:
+                    self._export(kineto, window)
+        finally:
+            try:
+                if self._emit is not None:
+                    emit, self._emit = self._emit, None
+                    emit.__exit__(None, None, None)
+            finally:
+                if self._cuda:
+                    self._check(torch.cuda.cudart().cudaProfilerStop(), "cudaProfilerStop")
 
     def _write_report(self, trainer: pl.Trainer, window: tuple[int, int] | None) -> None:
         """Ends the window's timing and writes the report (rank 0) from every rank's summary; all ranks call it."""
@@ -534,11 +558,18 @@ class ProfilerWindow(Callback):
             self.report_files += written[1]
 
     def _export(self, kineto: Any, window: tuple[int, int]) -> None:
-        self._trace_dir.mkdir(parents=True, exist_ok=True)
         final = self._trace_dir / f"rank{self._rank}_steps{window[0]}-{window[1] - 1}.pt.trace.json"
         partial = final.with_name(f".{final.name}.{os.getpid()}.partial")
-        kineto.export_chrome_trace(str(partial))
-        os.replace(partial, final)  # a reader never sees half a trace
+        try:
+            self._trace_dir.mkdir(parents=True, exist_ok=True)
+            kineto.export_chrome_trace(str(partial))
+            os.replace(partial, final)  # a reader never sees half a trace
+        except OSError as error:
+            # A full disk at the window's end: the trace is a diagnostic, and the training (and, under DDP, the other
+            # ranks waiting for this one in the step report) goes on without it.
+            partial.unlink(missing_ok=True)
+            warnings.warn(f"profile: rank {self._rank} could not write the Kineto trace {final}: {error}", stacklevel=2)
+            return
         self.trace_files.append(final)
         rank_zero_info(f"profile: Kineto trace written to {final} (one per rank)")
 

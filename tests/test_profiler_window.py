@@ -406,6 +406,42 @@ def test_exception_inside_the_window_closes_everything(tmp_path, recorder, monke
     assert window.ranges.names == []
 
 
+def test_a_trace_that_cannot_be_written_is_a_warning_and_the_cuda_capture_still_stops(tmp_path, recorder, monkeypatch):
+    class OnCuda(ProfilerWindow):  # the CUDA branch of the window, its CUDA calls stood in for
+        def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            super().setup(trainer, pl_module, stage)
+            self._cuda = True
+
+    profiler_calls: list[str] = []
+    cudart = SimpleNamespace(
+        cudaProfilerStart=lambda: profiler_calls.append("start") or 0,
+        cudaProfilerStop=lambda: profiler_calls.append("stop") or 0,
+    )
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *_: None)
+
+    def disk_full(self: Any, path: str) -> None:
+        Path(path).write_text("half a trace")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", disk_full)
+    window = OnCuda(start_step=1, num_steps=2, torch_profiler=True, exit_after=False, trace_dir=str(tmp_path / "t"))
+    with pytest.warns(UserWarning, match=r"could not write the Kineto trace .*rank0_steps1-2.*No space left"):
+        trainer = fit(tmp_path, window, max_steps=5)
+    assert trainer.global_step == 5  # trained on
+    assert profiler_calls == ["start", "stop"]
+    assert list((tmp_path / "t").iterdir()) == []  # no half-written trace left
+    assert window.trace_files == [] and recorder.balanced()
+
+
+def test_a_trace_dir_that_cannot_be_written_is_refused_before_the_first_step(tmp_path, recorder):
+    (tmp_path / "a_file").write_text("")
+    window = ProfilerWindow(start_step=50, torch_profiler=True, trace_dir=str(tmp_path / "a_file" / "traces"))
+    with pytest.raises(ValueError, match=r"profile.trace_dir: .*a_file is a file, not a folder"):
+        fit(tmp_path, window, max_steps=60)
+    assert recorder.events == []
+
+
 def test_exception_with_kineto_stops_the_profiler(tmp_path, recorder):
     class Boom(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # noqa: ANN001
