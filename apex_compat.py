@@ -24,6 +24,7 @@ come after the translated ones, so they win. ``--config FILE`` goes first, under
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import shlex
 import sys
@@ -172,6 +173,25 @@ def is_apex_command_line(argv: Sequence[str]) -> bool:
     if name.startswith("--"):
         return any(option.startswith(name) for option in long_options)
     return any(first.startswith(option) for option in short_options)
+
+
+def unknown_first_word(argv: Sequence[str]) -> str | None:
+    """Why the first word of ``argv`` is neither a subcommand nor main_amp.py's data folder (an existing folder), or
+    ``None`` when it is one of them, or an option.
+
+    A mistyped subcommand (``train.py fitt --config configs/quickstart.yaml``) was read as main_amp.py's DIR: the
+    original's defaults (batch 256, 90 epochs) replaced the config's, and a config with ``data.source: generated``
+    drew its dataset into a new folder of that name and trained on it.
+    """
+    if not argv or argv[0].startswith("-") or argv[0] in SUBCOMMANDS or Path(argv[0]).is_dir():
+        return None
+    valid = SUBCOMMANDS[:3]  # predict is refused by name later
+    close = difflib.get_close_matches(argv[0], valid, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return (
+        f"'{argv[0]}' is neither a subcommand ({hint}valid: {', '.join(valid)}) nor an existing folder (the data "
+        "folder DIR of a main_amp.py command line)"
+    )
 
 
 @dataclass

@@ -385,6 +385,10 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
     # Lightning 2.6 advertises its cloud logger at the start of every run; this application logs to metrics.csv.
     logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_without_litlogger_tip)
     args = list(sys.argv[1:] if argv is None else argv)
+    mistyped = apex_compat.unknown_first_word(args)
+    if mistyped:
+        sys.stderr.write(f"train.py: error: {mistyped}\n")
+        sys.exit(2)
     if apex_compat.is_apex_command_line(args):
         # main_amp.py flags: translated (the equivalent command and notes printed once, on rank 0); a main_amp.py
         # --resume checkpoint is converted to <name>.lightning.ckpt beside it.

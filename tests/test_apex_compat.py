@@ -346,6 +346,30 @@ def test_is_apex_command_line(argv: list[str], expected: bool) -> None:
     assert apex_compat.is_apex_command_line(argv) is expected
 
 
+@pytest.mark.parametrize(
+    ("first", "said"),
+    [("fitt", "'fitt' is neither a subcommand (did you mean fit? valid: fit, validate, test) nor an existing folder"),
+     ("valdate", "(did you mean validate? valid"),
+     ("/no/such/imagenet", "'/no/such/imagenet' is neither a subcommand (valid")],
+)  # fmt: skip
+def test_a_first_word_that_is_no_subcommand_and_no_folder_is_refused_before_anything_runs(
+    first: str, said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    # It was main_amp.py's DIR: 90 epochs at batch 256 replaced the config's, and data.source generated drew a dataset
+    # into a new folder of that name.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([first, "--config", str(REPO / "configs" / "quickstart.yaml")])
+    assert exit_info.value.code == 2
+    assert said in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_folder_first_is_main_amps_dir(tmp_path: Path) -> None:
+    assert apex_compat.unknown_first_word([str(tmp_path), "-a", "resnet50"]) is None
+    assert apex_compat.unknown_first_word(["fit"]) is None and apex_compat.unknown_first_word(["-a", "x", "./"]) is None
+
+
 def test_format_equivalent_round_trips() -> None:
     argv, _ = apex_compat.translate(shlex.split("-a resnet50 --b 224 --opt-level O1 '/data/image net/'"), {})
     line = apex_compat.format_equivalent(argv)
