@@ -37,6 +37,7 @@ import errno
 import os
 import secrets
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +165,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path)
             return
         atomic_torch_save(checkpoint, local_path)
+
+
+def why_unwritable(folder: Path) -> str | None:
+    """Why files cannot be written into ``folder`` (made when the first file is), or None when they can."""
+    existing = folder
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent  # a file in the way makes every path below it not exist
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:  # a real folder made and removed: permission bits say nothing for root, /proc or a read-only mount
+        os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=existing))
+    except OSError as error:
+        return f"no folder can be made in {existing} ({error.strerror or error})"
+    return None

@@ -35,7 +35,7 @@ from callbacks import ProfilerWindow
 from callbacks.bad_images import BadImageCount
 from callbacks.preemption import PreemptionHandler
 from callbacks.resumable_checkpoint import ResumableCheckpoint
-from checkpoint_io import AtomicCheckpointIO
+from checkpoint_io import AtomicCheckpointIO, why_unwritable
 from cli_parser import ReadableErrorsParser
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
@@ -55,6 +55,8 @@ except ImportError:  # pragma: no cover
 
 
 SUBCOMMANDS = ("fit", "validate", "test")
+#: The checkpoint folders a fit writes to (``None``: the logger's run folder).
+FIT_OUTPUT_FOLDERS = ("checkpoint.dirpath", "last_checkpoint.dirpath", "preemption.dirpath")
 
 #: The first part of every configuration key: a ValueError or FileNotFoundError that starts with one
 #: (``data.batch_size must be >= 1``) is a check of the configuration, said as the parser says its own errors.
@@ -296,8 +298,29 @@ class ImageNetCLI(LightningCLI):
             "resumes from it)"
         )
 
+    def _refuse_unwritable_folders(self, config: Any) -> None:
+        """Every folder the run will write to must be one it can write to: found now, not at the first checkpoint
+        save after an epoch of training (or when the profiling window closes)."""
+        logger = config.trainer.get("logger")
+        init = logger.get("init_args", {}) if hasattr(logger, "get") else {}
+        folders = {"trainer.default_root_dir": config.trainer.get("default_root_dir"),
+                   "trainer.logger.init_args.save_dir": init.get("save_dir")}  # fmt: skip
+        if self.subcommand in (None, "fit"):
+            folders |= {key: config.get(key.split(".")[0], {}).get("dirpath") for key in FIT_OUTPUT_FOLDERS}
+            if config.get("profile", {}).get("torch_profiler"):
+                folders["profile.trace_dir"] = config.profile.get("trace_dir")
+        if config.get("data", {}).get("source") == "generated":
+            folders["data.root"] = config.data.get("root")  # drawn there when not complete
+        for key, folder in folders.items():
+            if not folder or "://" in str(folder):  # unset, or a remote filesystem (fsspec) Lightning writes to
+                continue
+            unwritable = why_unwritable(Path(str(folder)))
+            if unwritable:
+                self.parser.error(f"{key} {folder}: {unwritable}; pass a folder this job can write to")
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        self._refuse_unwritable_folders(config)
         precision = str(config.trainer.precision)
         accelerator = str(config.trainer.accelerator)
         mps = accelerator == "gpu" and torch.backends.mps.is_available()  # Lightning's "gpu" is also Apple's

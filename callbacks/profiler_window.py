@@ -51,6 +51,7 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
 from callbacks.ranges import CHECKPOINT, EPOCH_END, EPOCH_START, VALIDATION, RangeStack
 from callbacks.step_timer import StepTimer
+from checkpoint_io import why_unwritable
 
 try:
     from typing_extensions import override
@@ -86,18 +87,6 @@ class _FetchObserver(Profiler):
 
     def summary(self) -> str:
         return self.inner.summary()
-
-
-def _why_unwritable(folder: Path) -> str | None:
-    """Why files cannot be written into ``folder`` (made when the first file is), or None when they can."""
-    existing = folder
-    while not existing.exists() and existing.parent != existing:
-        existing = existing.parent  # a file in the way makes every path below it not exist
-    if not existing.is_dir():
-        return f"{existing} is a file, not a folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable"
-    return None
 
 
 def _torch_nvtx_available() -> bool:
@@ -239,7 +228,7 @@ class ProfilerWindow(Callback):
             run_folder = Path(trainer.log_dir or ".")
             self._trace_dir = Path(self.trace_dir) if self.trace_dir else run_folder / "traces"
             self._report_dir = run_folder / "step_report"
-            unwritable = _why_unwritable(self._trace_dir) if self.torch_profiler else None
+            unwritable = why_unwritable(self._trace_dir) if self.torch_profiler else None
             if unwritable:
                 # Found now, not when the window closes after hours of training.
                 raise ValueError(

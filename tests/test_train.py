@@ -605,6 +605,28 @@ def test_checks_in_setup_are_said_in_one_line_and_leave_no_run_folder(
     assert [p.name for p in (tmp_path / "logs").iterdir()] == ["version_0"]
 
 
+@pytest.mark.parametrize(
+    "key",
+    ["checkpoint.dirpath", "last_checkpoint.dirpath", "trainer.logger.init_args.save_dir", "profile.trace_dir",
+     "data.root"],
+)  # fmt: skip
+def test_folders_the_run_cannot_write_to_are_refused_before_it_starts(
+    key: str, shapes_root: Path, tmp_path: Path, tiny_args, refused
+) -> None:
+    # Found at the first checkpoint save (after an epoch) or when the window closed: a file in the way here.
+    (tmp_path / "a_file").write_text("")
+    folder = tmp_path / "a_file" / "out"
+    args = tiny_args(shapes_root, tmp_path / "run")
+    if key == "profile.trace_dir":
+        args += ["--profile.start_step", "1", "--profile.torch_profiler", "true"]
+    if key == "data.root":
+        args += ["--data.source", "generated"]  # drawn into data.root
+    said = refused(["fit", *args, f"--{key}", str(folder)])
+    why = f"{tmp_path / 'a_file'} is a file, not a folder"
+    assert said == f"error: {key} {folder}: {why}; pass a folder this job can write to"
+    assert not (tmp_path / "run").exists()
+
+
 def test_checkpoint_paths_that_cannot_be_loaded_are_refused_naming_why(trained: dict, tmp_path: Path, refused):
     args, not_a_checkpoint = trained["args"], tmp_path / "config.yaml"
     not_a_checkpoint.write_text("model: {}\n")
