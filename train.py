@@ -141,7 +141,10 @@ class ImageNetCLI(LightningCLI):
                     f"--ckpt_path {ckpt_path} is not a checkpoint (a checkpoint is a torch.save zip archive, "
                     "e.g. .../checkpoints/last.ckpt)"
                 )
-            saved = self._lightning_checkpoint(ckpt_path).get("hyper_parameters", {})
+            checkpoint = self._lightning_checkpoint(ckpt_path)
+            if subcommand == "fit":
+                self._refuse_a_resume_past_the_end(ckpt_path, checkpoint)
+            saved = checkpoint.get("hyper_parameters", {})
             asked = self.config[subcommand].model.arch
             if saved.get("arch", asked) != asked:
                 self.parser.error(
@@ -152,6 +155,28 @@ class ImageNetCLI(LightningCLI):
         super()._parse_ckpt_path()
         if Path(ckpt_path).is_file():  # what LightningCLI read the checkpoint's options from
             self._settle_model_options(subcommand, before)
+
+    def _refuse_a_resume_past_the_end(self, ckpt_path: str, checkpoint: dict[str, Any]) -> None:
+        """A fit from a checkpoint at or past the run's trainer.max_steps/max_epochs trains nothing: Lightning restores
+        it, says the limit is reached and exits 0. Past the limit that is a mistake (a refusal); at it, the rerun of a
+        finished job (a warning)."""
+        trainer = self.config["fit"].trainer
+        steps = int(checkpoint.get("global_step", 0))
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+        epochs = int(progress.get("processed", 0))  # epochs whose every batch trained
+        limits = [("trainer.max_steps", trainer.get("max_steps"), steps, "steps"),
+                  ("trainer.max_epochs", trainer.get("max_epochs"), epochs, "epochs")]  # fmt: skip
+        for key, limit, done, unit in limits:
+            if limit is None or limit < 0 or done < limit:
+                continue
+            said = (
+                f"--ckpt_path {ckpt_path} has trained {done} {unit} and this run ends at {key} {limit}: nothing would "
+                f"train; raise {key} to train on, or evaluate it: python train.py validate ... --ckpt_path {ckpt_path}"
+            )
+            if done > limit:
+                self.parser.error(said)
+            rank_zero_warn(said)
+            return
 
     def _lightning_checkpoint(self, ckpt_path: str) -> dict[str, Any]:
         """The checkpoint at ``ckpt_path`` (tensors memory-mapped), refused with a parser error unless Lightning wrote

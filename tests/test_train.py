@@ -642,6 +642,22 @@ def test_checkpoint_paths_that_cannot_be_loaded_are_refused_naming_why(trained: 
     assert f"the newest here: --ckpt_path {trained['last']}, or fix the folder" in said
 
 
+def test_a_resume_past_the_runs_end_is_refused_and_one_at_it_warned(trained: dict, refused, main) -> None:
+    # Lightning restored the checkpoint, said max_steps was reached and exited 0: a run that trained nothing.
+    last, steps = trained["last"], trained["global_step"]  # 4 epochs
+    said = refused(["fit", *trained["args"], "--trainer.max_steps", "3", "--ckpt_path", str(last)])
+    assert said == (
+        f"error: --ckpt_path {last} has trained {steps} steps and this run ends at trainer.max_steps 3: nothing would "
+        f"train; raise trainer.max_steps to train on, or evaluate it: python train.py validate ... --ckpt_path {last}"
+    )
+    assert "has trained 4 epochs and this run ends at trainer.max_epochs 2" in refused(
+        ["fit", *trained["args"], "--trainer.max_epochs", "2", "--ckpt_path", str(last)]
+    )
+    with pytest.warns(UserWarning, match="has trained 4 epochs and this run ends at trainer.max_epochs 4: nothing"):
+        cli = main(["fit", *trained["args"], "--ckpt_path", str(last)])  # the rerun of a finished job
+    assert cli.trainer.global_step == steps
+
+
 def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(trained: dict, main, monkeypatch, refused):
     asked = []
     record = lambda self, *args, ckpt_path=None, **kwargs: asked.append(ckpt_path)  # noqa: E731
