@@ -23,6 +23,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.plugins.io import TorchCheckpointIO
@@ -401,7 +402,12 @@ class ImageNetCLI(LightningCLI):
         return NewRunFolder(logger.log_dir)
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
-        trainer = super().instantiate_trainer(**kwargs)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except (MisconfigurationException, ValueError) as error:
+            # Lightning's checks of the trainer's arguments (devices 0, an unknown strategy, max_epochs -5): its
+            # message names the argument; said as the parser's errors rather than at the end of a traceback.
+            self.parser.error(f"trainer: {error}")
         # Checkpoints are always written atomically and durably (checkpoint_io.py), unless a CheckpointIO plugin of
         # the user's own replaced Lightning's default.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:

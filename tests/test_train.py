@@ -577,6 +577,8 @@ def test_checks_of_the_configuration_are_said_as_the_parsers_errors(trained: dic
         ("model.arch", "notanarch", "error: model.arch: unknown architecture 'notanarch'; valid: alexnet"),
         ("model.lr", "-1", "error: model.lr must be > 0, got -1.0"),
         ("profile.num_steps", "0", "error: profile.num_steps must be >= 1, got 0"),
+        ("trainer.max_epochs", "-5", "error: trainer: `max_epochs` must be a non-negative integer or -1"),
+        ("trainer.devices", "0", "error: trainer: `Trainer(devices='0')` value is not a valid input"),
     ]:
         assert refused(["fit", *args, f"--{key}", value]).startswith(message), key
     assert sorted((trained["run"] / "logs").glob("version_*")) == versions  # refused before any run folder
