@@ -14,6 +14,7 @@ per epoch, and validation accuracy and loss are torchmetrics objects that synchr
 from __future__ import annotations
 
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -47,8 +48,8 @@ def build_model(arch: str, num_classes: int, weights: str | None = None) -> torc
     """Builds ``arch`` with a ``num_classes``-way head, optionally loading a local torchvision ``state_dict`` file.
 
     Raises:
-        ValueError: ``arch`` is not a torchvision classification model (the message lists the valid ones), or the
-            weights do not fit the architecture.
+        ValueError: ``arch`` is not a torchvision classification model (the message lists the valid ones), or
+            ``weights`` is no state_dict or does not fit the architecture (see ``_load_weights``).
         FileNotFoundError: ``weights`` does not exist.
     """
     valid = classification_archs()
@@ -56,36 +57,80 @@ def build_model(arch: str, num_classes: int, weights: str | None = None) -> torc
         raise ValueError(f"model.arch: unknown architecture {arch!r}; valid: {', '.join(valid)}")
     model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
     if weights:
-        path = Path(weights)
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"model.weights: {path} does not exist; give a local torchvision state_dict file "
-                f"(e.g. a {arch}-*.pth from the torchvision model zoo copied to this machine)"
-            )
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and "state_dict" in state:
-            state = state["state_dict"]
-        state = {k.removeprefix("module."): v for k, v in state.items()}
-        own = model.state_dict()
-        mismatched = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
-        try:
-            if mismatched:
-                # A 1000-class ImageNet checkpoint fine-tuned on another class count: keep the body, re-initialize
-                # the head. Only the head may differ: any other mismatch (another width or depth) is another arch.
-                head = _head_keys(arch, num_classes, own)
-                body_mismatch = sorted(set(mismatched) - head)
-                if body_mismatch:
-                    sizes = (f"{k} ({tuple(state[k].shape)} vs {tuple(own[k].shape)})" for k in body_mismatch[:5])
-                    raise RuntimeError(f"size mismatch for {', '.join(sizes)}")
-                result = model.load_state_dict({k: v for k, v in state.items() if k not in head}, strict=False)
-                missing = sorted(set(result.missing_keys) - head)
-                if missing or result.unexpected_keys:
-                    raise RuntimeError(f"missing keys {missing[:5]}, unexpected keys {result.unexpected_keys[:5]}")
-            else:
-                model.load_state_dict(state)
-        except RuntimeError as error:
-            raise ValueError(f"model.weights: {path} does not fit arch {arch!r}: {error}") from error
+        _load_weights(model, arch, num_classes, Path(weights))
     return model
+
+
+def _load_weights(model: torch.nn.Module, arch: str, num_classes: int, path: Path) -> None:
+    """Loads the torchvision ``state_dict`` file ``path`` into ``model`` (``arch``, ``num_classes``-way head).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``path`` is no state_dict (another file, a whole pickled model, this application's training
+            checkpoint), or its tensors do not fit ``arch``: the message says which, in one line.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"model.weights: {path} does not exist; give a local torchvision state_dict file "
+            f"(e.g. a {arch}-*.pth from the torchvision model zoo copied to this machine)"
+        )
+    wanted = f"give a state_dict saved by torch.save(model.state_dict()), e.g. torchvision's {arch}-*.pth weights file"
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - UnpicklingError for any pickle, RuntimeError for a torn archive, ...
+        # torch's own message advises weights_only=False, which runs whatever code the file pickled: not said here.
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+        if found:  # a whole model saved by torch.save(model), or a checkpoint holding other objects
+            holds = f"it pickles a {found[1]} object, not only tensors"
+        else:
+            holds = f"torch.load cannot read it: {type(error).__name__}"
+        raise ValueError(f"model.weights: {path} is not a state_dict file ({holds}); {wanted}") from error
+    if _is_training_checkpoint(saved):
+        raise ValueError(
+            f"model.weights: {path} is a training checkpoint of this application; resume it with --ckpt_path {path} "
+            f"(or evaluate it with `train.py validate --ckpt_path {path}`)"
+        )
+    state = saved["state_dict"] if isinstance(saved, dict) and "state_dict" in saved else saved
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        holds = f"keys {sorted(map(str, state))[:8]}" if isinstance(state, dict) else f"a {type(state).__name__}"
+        raise ValueError(f"model.weights: {path} is not a state_dict (found {holds}, not tensors by name); {wanted}")
+    state = {k.removeprefix("module."): v for k, v in state.items()}  # saved from a DDP or DataParallel wrapper
+    own = model.state_dict()
+    misshaped = {k for k, v in state.items() if k in own and own[k].shape != v.shape}
+    # A 1000-class ImageNet checkpoint fine-tuned on another class count: keep the body, re-initialize the head. Only
+    # the head may differ: any other mismatch (another width or depth) is another arch.
+    head = _head_keys(arch, num_classes, own) if misshaped else set()
+    # strict=False, then the summary below: torch's strict error lists every key (10 KB for a ResNet). Its missing keys
+    # are the ones torch could not fill (it fills a BatchNorm's num_batches_tracked that old files lack).
+    left_out = misshaped | head
+    result = model.load_state_dict({k: v for k, v in state.items() if k not in left_out}, strict=False)
+    problems = [
+        (sorted(set(result.missing_keys) - left_out), "missing"),
+        (sorted(result.unexpected_keys), "unexpected"),
+        ([f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in sorted(misshaped - head)], "mis-shaped"),
+    ]
+    said = [_summary(names, kind) for names, kind in problems if names]
+    if said:
+        raise ValueError(
+            f"model.weights: {path} does not fit arch {arch!r}: {'; '.join(said)}; give a state_dict of a {arch} "
+            f"(e.g. torchvision's {arch}-*.pth weights file), or pass the --model.arch it was saved from"
+        )
+
+
+def _summary(names: list[str], kind: str) -> str:
+    """``3 missing keys (a, b, c, ...)``: the count and at most three names."""
+    more = ", ..." if len(names) > 3 else ""
+    return f"{len(names)} {kind} key{'s' if len(names) > 1 else ''} ({', '.join(names[:3])}{more})"
+
+
+def _is_training_checkpoint(saved: Any) -> bool:
+    """Whether ``saved`` is a checkpoint Lightning wrote of this module: its ``state_dict`` holds the network under
+    the module's ``model`` attribute (``model.conv1.weight``)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("state_dict"), dict):
+        return False
+    ours = [str(k).startswith("model.") for k in saved["state_dict"]]
+    # Lightning's version entry marks its checkpoints; without it (a state_dict re-saved from one), every key must be.
+    return any(ours) if "pytorch-lightning_version" in saved else bool(ours) and all(ours)
 
 
 def _head_keys(arch: str, num_classes: int, own: dict[str, torch.Tensor]) -> set[str]:
@@ -244,13 +289,25 @@ class ImageNetClassifier(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Before Lightning loads the weights: a mismatch would otherwise surface as a page of state_dict key errors.
         saved = checkpoint.get("hyper_parameters", {})
-        mine = (self.hparams.arch, self.hparams.num_classes)
-        theirs = (saved.get("arch", mine[0]), saved.get("num_classes", mine[1]))
-        if theirs != mine:
-            path = getattr(self._trainer, "ckpt_path", None) or "the checkpoint"
+        arch, classes = self.hparams.arch, self.hparams.num_classes
+        saved_arch, saved_classes = saved.get("arch", arch), saved.get("num_classes", classes)
+        path = getattr(self._trainer, "ckpt_path", None) or "the checkpoint"
+        data = f"the data it was trained on (a data.root with {saved_classes} class folders"
+        if getattr(getattr(self._trainer, "datamodule", None), "source", None) == "synthetic":
+            data += f", or --data.synthetic_num_classes {saved_classes}"
+        data += ")"
+        if saved_arch != arch:
+            also = f" and {data}" if saved_classes != classes else ""
             raise ValueError(
-                f"--ckpt_path {path} holds {theirs[0]} with {theirs[1]} classes, this run builds {mine[0]} with "
-                f"{mine[1]} classes; pass --model.arch {theirs[0]} (and the data it was trained on)"
+                f"--ckpt_path {path} holds {saved_arch} with {saved_classes} classes, this run builds {arch} with "
+                f"{classes} classes; pass --model.arch {saved_arch}{also}"
+            )
+        if saved_classes != classes:
+            # model.num_classes is not an option of its own: it follows the data (data.num_classes), so the data is
+            # what has to change. A head of another size cannot take the checkpoint's weights.
+            raise ValueError(
+                f"--ckpt_path {path} holds {saved_arch} trained on {saved_classes} classes, and this run's data has "
+                f"{classes} classes (model.num_classes follows the data); use {data}"
             )
         self._saved_steps_per_epoch = checkpoint.get("lr_schedule_units", {}).get("steps_per_epoch")
         self._saved_epoch_loss = checkpoint.get("train_epoch_loss")
@@ -311,7 +368,20 @@ class ImageNetClassifier(pl.LightningModule):
             trainer.fit_loop.setup_data()
         batches = trainer.num_training_batches
         if batches == float("inf") or batches < 1:
-            raise ValueError("the training data has no length; the per-epoch LR schedule needs a sized loader")
+            if trainer.limit_train_batches == 0:
+                # Lightning takes 0 as "skip training" and sets no loader up: its batch count stays inf, as for an
+                # unsized loader. A fraction that rounds to no batch it refuses itself, naming the option.
+                raise ValueError(
+                    f"trainer.limit_train_batches {trainer.limit_train_batches:g} leaves no training batch an epoch; "
+                    "the LR schedule (warmup, milestones) is in epochs of training steps: use at least one batch (e.g. "
+                    "--trainer.limit_train_batches 1.0)"
+                )
+            if batches == float("inf"):
+                raise ValueError("the training data has no length; the per-epoch LR schedule needs a sized loader")
+            raise ValueError(
+                "the training data has no batch an epoch; the LR schedule (warmup, milestones) is in epochs of "
+                "training steps: give a training loader of at least one batch"
+            )
         return max(1, math.ceil(batches / trainer.accumulate_grad_batches))
 
     @override

@@ -59,9 +59,11 @@ SUBCOMMANDS = ("fit", "validate", "test")
 #: The checkpoint folders a fit writes to (``None``: the logger's run folder).
 FIT_OUTPUT_FOLDERS = ("checkpoint.dirpath", "last_checkpoint.dirpath", "preemption.dirpath")
 
-#: The first part of every configuration key: a ValueError or FileNotFoundError that starts with one
+#: The first part of every configuration key (and --ckpt_path): a ValueError or FileNotFoundError that starts with one
 #: (``data.batch_size must be >= 1``) is a check of the configuration, said as the parser says its own errors.
-CONFIG_SECTIONS = ("data.", "model.", "trainer.", "profile.", "checkpoint.", "last_checkpoint.", "preemption.")
+CONFIG_SECTIONS = (
+    "data.", "model.", "trainer.", "profile.", "checkpoint.", "last_checkpoint.", "preemption.", "--ckpt_path "
+)  # fmt: skip
 
 
 class ImageNetCLI(LightningCLI):

@@ -109,8 +109,10 @@ class ProfilerWindow(Callback):
         ranks: Global ranks that open the CUDA profiler window (and write Kineto traces); ``null`` means all.
         exit_after: After the last window every rank stops at the same step, skips the validation (and its
             checkpoint) that would follow, and the process exits 0; ``last.ckpt`` is saved at that step, and a run
-            resumed from it trains the rest of the epoch. Not while ``trainer.min_steps``/``min_epochs`` keep the run
-            going (a warning says so); a resumed run past the last window's start is refused before its first step.
+            resumed from it trains the rest of the epoch. At an epoch's last step the epoch's own validation and
+            checkpoints still run (after the capture), so it ends as any epoch does. Not while
+            ``trainer.min_steps``/``min_epochs`` keep the run going (a warning says so); a resumed run past the last
+            window's start is refused before its first step.
         nvtx: NVTX ranges ``step N`` > ``data``/``forward``/``backward``/``optimizer`` around every step (not only
             inside the window; they cost well under 1% of a step).
         emit_nvtx: ``torch.autograd.profiler.emit_nvtx`` inside the window: one NVTX range per autograd op (large
@@ -322,6 +324,10 @@ class ProfilerWindow(Callback):
                     return
                 rank_zero_info(f"profile: last window done at step {step}; stopping every rank here (exit_after)")
                 trainer.should_stop = True
+                if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+                    # The epoch's own validation and checkpoints run (after the capture): skipped, the epoch would
+                    # end validated by no one, and a run resumed from its checkpoint would start the next epoch.
+                    return
                 # What would follow is a validation pass nobody profiles (and its checkpoint); skip it, and give the
                 # setting back at the end of the fit (a validate after it in this process validates again).
                 self._limit_val_batches = trainer.limit_val_batches

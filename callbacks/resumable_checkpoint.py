@@ -24,8 +24,9 @@ Both are no-ops in a run that was not resumed.
    the epoch's end, and ``ModelCheckpoint`` saves there with the loops' epoch-end state: a run resumed from it counts
    the epoch as done, skips its remaining batches and leaves the LR schedule that much out of step with the epochs.
    Here the unmonitored checkpoint (``last.ckpt``) saves at the batch end where the stop was decided, the state of a
-   mid-epoch checkpoint (the resumed run trains the rest of the epoch), and does not save at such an epoch end (the
-   monitored one keeps its save there, for the validation Lightning runs at a stop). A stop asked for inside an
+   mid-epoch checkpoint (the resumed run trains the rest of the epoch), and does not save at such an epoch end. The
+   monitored one saves there only after a validation at that step (Lightning runs one at some stops): otherwise its
+   metric is an earlier validation's, and would name and rank weights it never measured. A stop asked for inside an
    accumulated step (``max_time``'s timer checks after every micro-batch) waits for that step's end.
 
 ``train.py`` uses this class for ``--checkpoint.*`` and
@@ -64,6 +65,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         super().__init__(*args, **kwargs)
         self._step_before_batch: int | None = None
         self._stop_after_the_step = False  # a stop asked for inside an accumulated step, held until its end
+        self._validated_step: int | None = None  # the global step of the last validation (not the sanity check)
         self._state_key: str | None = None
 
     @property
@@ -143,9 +145,20 @@ class ResumableCheckpoint(ModelCheckpoint):
         )
 
     @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._validated_step = trainer.global_step
+        super().on_validation_end(trainer, pl_module)
+
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.monitor is None and self._inside_the_epoch(trainer):
-            return  # the fit stopped before the epoch's last batch: not an epoch end to resume from (see above)
+        if self._inside_the_epoch(trainer):
+            if self.monitor is None:
+                return  # the fit stopped before the epoch's last batch: not an epoch end to resume from (see above)
+            if self._validated_step != trainer.global_step:
+                # No validation at this stop (exit_after skips it, max_steps runs none): the metric at hand is an
+                # earlier validation's, and would name and rank these weights by a score they never had.
+                return
         super().on_train_epoch_end(trainer, pl_module)
 
     def _save_here(self, trainer: pl.Trainer) -> None:

@@ -194,6 +194,19 @@ def test_fused_sgd_and_clipping_through_a_real_trainer(precision: str) -> None:
     assert trainer.global_step == 0
 
 
+@pytest.mark.parametrize("limit", [0, 0.0])
+def test_limit_train_batches_0_is_said_as_such(limit: float) -> None:
+    """No training batch an epoch leaves the LR schedule, in epochs of steps, without a unit: the message names the
+    option, not an unsized loader (the loader here has a length)."""
+    trainer = pl.Trainer(accelerator="cpu", max_steps=2, limit_train_batches=limit, limit_val_batches=0, **QUIET)
+    with pytest.raises(ValueError) as caught:
+        trainer.fit(linear_classifier(), random_loader(4))
+    assert str(caught.value) == (
+        "trainer.limit_train_batches 0 leaves no training batch an epoch; the LR schedule (warmup, milestones) "
+        "is in epochs of training steps: use at least one batch (e.g. --trainer.limit_train_batches 1.0)"
+    )
+
+
 def fit_fp16_with_overflows(fused_sgd: bool, steps: int = 10) -> tuple[ImageNetClassifier, pl.Trainer, float]:
     """A linear classifier under fp16 autocast on the CPU with GradScaler starting at 2^20: the fp16 gradients of the
     first steps overflow, as a real fp16 run's do at 65536, and GradScaler must skip those steps."""
@@ -332,6 +345,70 @@ def test_weights_of_another_arch_are_refused(resnet18_weights: tuple[Path, dict]
     for classes in (1000, 10):
         with pytest.raises(ValueError, match=r"(?s)does not fit arch 'resnet18'.*[Uu]nexpected key.*layer1\.2"):
             build_model("resnet18", classes, str(tmp_path / "deeper.pth"))
+
+
+@pytest.mark.parametrize("content", ["text", "whole model", "list"])
+def test_weights_file_that_is_no_state_dict(tmp_path: Path, content: str) -> None:
+    """A file that is no state_dict is said in one line, without torch's advice to load it with weights_only=False
+    (which runs whatever code the file pickled)."""
+    path = tmp_path / "weights.pth"
+    if content == "text":
+        path.write_text("# README\n\nNot a weights file.\n")
+    else:
+        torch.save(torchvision.models.resnet18() if content == "whole model" else [1, 2], path)
+    with pytest.raises(ValueError, match=re.escape(f"model.weights: {path} is not a state_dict")) as caught:
+        build_model("resnet18", 10, str(path))
+    said = str(caught.value)
+    assert "torch.save(model.state_dict())" in said and "resnet18-*.pth" in said
+    assert "weights_only" not in said and "\n" not in said
+    if content == "whole model":
+        assert "it pickles a torchvision.models.resnet.ResNet object" in said
+
+
+@pytest.fixture(scope="module")
+def training_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint Lightning wrote of this module after one step (a 10-class linear net, keys ``model.linear.*``)."""
+    trainer = pl.Trainer(accelerator="cpu", max_steps=1, limit_val_batches=0, **QUIET)
+    trainer.fit(linear_classifier(), random_loader(1))
+    path = tmp_path_factory.mktemp("run") / "last.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+def test_weights_from_a_training_checkpoint_point_to_ckpt_path(training_checkpoint: Path, tmp_path: Path) -> None:
+    """This application's own checkpoint (Lightning's, the net under ``model.``) given as model.weights: resumed with
+    --ckpt_path, not a page of missing and unexpected keys. Its state_dict re-saved alone is recognized too."""
+    resaved = tmp_path / "resaved.ckpt"
+    torch.save({"state_dict": torch.load(training_checkpoint, weights_only=True)["state_dict"]}, resaved)
+    for path in (training_checkpoint, resaved):
+        with pytest.raises(ValueError) as caught:
+            build_model("resnet18", 10, str(path))
+        assert str(caught.value) == (
+            f"model.weights: {path} is a training checkpoint of this application; resume it with --ckpt_path {path} "
+            f"(or evaluate it with `train.py validate --ckpt_path {path}`)"
+        )
+
+
+def test_weights_that_do_not_fit_are_summarized(resnet18_weights: tuple[Path, dict], tmp_path: Path) -> None:
+    """Missing, unexpected and mis-shaped keys: counted, at most three names of each, in one short line."""
+    _, state = resnet18_weights
+    # 4 missing: a BatchNorm's 5 entries less its num_batches_tracked, which torch fills (old files lack it).
+    broken = {k: v for k, v in state.items() if not k.startswith("layer4.1.bn2.")}
+    broken.update({f"extra.{i}.weight": torch.zeros(1) for i in range(4)})  # 4 unexpected
+    broken["layer1.0.conv1.weight"] = torch.zeros(96, 64, 3, 3)  # 1 mis-shaped
+    path = tmp_path / "broken.pth"
+    torch.save(broken, path)
+    with pytest.raises(ValueError) as caught:
+        build_model("resnet18", 10, str(path))
+    said = str(caught.value)
+    assert said.startswith(f"model.weights: {path} does not fit arch 'resnet18': 4 missing keys (layer4.1.bn2.")
+    assert "; 4 unexpected keys (extra.0.weight, extra.1.weight, extra.2.weight, ...)" in said
+    assert "; 1 mis-shaped key (layer1.0.conv1.weight (96, 64, 3, 3) vs (64, 64, 3, 3))" in said
+    assert said.count("layer4.1.bn2.") == 3 and "\n" not in said and len(said) < 500
+    # Another arch altogether: still one line, not torch's list of every key.
+    with pytest.raises(ValueError, match=r"does not fit arch 'resnet50': \d+ missing keys") as caught:
+        build_model("resnet50", 10, str(resnet18_weights[0]))
+    assert len(str(caught.value)) < 600
 
 
 # --- module arguments and metrics --------------------------------------------------------------------------------
@@ -614,3 +691,29 @@ def test_log_every_n_steps_0_logs_no_interval_and_still_the_epoch_mean() -> None
     outputs = model.model.outputs
     losses = [F.cross_entropy(logits, targets[6 * k : 6 * k + 6]).item() for k, logits in enumerate(outputs)]
     assert epoch_means == pytest.approx([sum(losses) / 4], rel=1e-6)
+
+
+# --- resuming a checkpoint of another model ------------------------------------------------------------------------
+def test_resuming_a_checkpoint_of_another_class_count_asks_for_its_data(training_checkpoint: Path) -> None:
+    """Only the class count differs (it follows the data): the advice is the checkpoint's data, not --model.arch."""
+    model = ImageNetClassifier(arch="resnet18", num_classes=12, batch_size=6, warmup_epochs=0)
+    model.model = RecordingLinear(3 * 2 * 2, 12)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=2, limit_val_batches=0, **QUIET)
+    with pytest.raises(ValueError) as caught:
+        trainer.fit(model, random_loader(2), ckpt_path=training_checkpoint)
+    assert str(caught.value) == (
+        f"--ckpt_path {training_checkpoint} holds resnet18 trained on 10 classes, and this run's data has 12 classes "
+        "(model.num_classes follows the data); use the data it was trained on (a data.root with 10 class folders)"
+    )
+    # With synthetic data its class count is an option; another arch is what --model.arch fixes.
+    model._trainer = SimpleNamespace(ckpt_path="x.ckpt", datamodule=SimpleNamespace(source="synthetic"))
+    with pytest.raises(ValueError, match=r"a data.root with 10 class folders, or --data.synthetic_num_classes 10\)$"):
+        model.on_load_checkpoint({"hyper_parameters": {"arch": "resnet18", "num_classes": 10}})
+    with pytest.raises(ValueError) as caught:
+        model.on_load_checkpoint({"hyper_parameters": {"arch": "resnet50", "num_classes": 12}})
+    assert str(caught.value) == (
+        "--ckpt_path x.ckpt holds resnet50 with 12 classes, this run builds resnet18 with 12 classes; pass "
+        "--model.arch resnet50"
+    )
+    with pytest.raises(ValueError, match=r"pass --model.arch resnet50 and the data it was trained on \(a data.root"):
+        model.on_load_checkpoint({"hyper_parameters": {"arch": "resnet50", "num_classes": 10}})

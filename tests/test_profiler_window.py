@@ -153,20 +153,22 @@ def test_work_between_steps_is_named_validation_and_epoch_end(tmp_path, recorder
     at_validation_end = RecordingCheckpoint(dirpath=tmp_path / "b", save_top_k=-1, save_on_train_epoch_end=False)
     with pytest.warns(UserWarning, match="not CUDA"):
         trainer = fit(tmp_path, window, max_steps=20, extra=[at_epoch_end, at_validation_end], checkpointing=True,
-                      train_steps=3, val_batches=1, num_sanity_val_steps=1)  # fmt: skip
+                      train_steps=4, val_batches=1, num_sanity_val_steps=1)  # fmt: skip
     assert trainer.global_step == 6  # exit_after: the window's steps 1..5, then stop
     top = [name for name, _ in recorder.tree()]
-    # Epochs of 3 steps: validation then the epoch's end after steps 2 and 5; the sanity check has no range.
-    assert top == ["step 0", "metrics", "step 1", "step 2", "validation", "epoch end", "step 3", "step 4", "step 5",
-                   "epoch end"]  # fmt: skip
+    # Epochs of 4 steps: validation then the epoch's end after step 3, the epoch's end after the stop at step 5 (inside
+    # epoch 1); the sanity check has no range.
+    assert top == ["step 0", "metrics", "step 1", "step 2", "step 3", "validation", "epoch end", "step 4", "step 5",
+                   "checkpoint", "checkpoint", "epoch end"]  # fmt: skip
     # The next epoch's first fetch is named in its first step.
-    assert [c for c, _ in dict(recorder.tree())["step 3"]][0] == "epoch start"
-    # Each save inside a range; after the stop the epoch still ends (and saves), but exit_after skips validation.
-    assert saved_inside == {"train epoch end": [["epoch end"]] * 2, "validation end": [["validation"]]}
-    # Each save is also a `checkpoint` range of its own (ResumableCheckpoint), inside the range it runs in.
+    assert [c for c, _ in dict(recorder.tree())["step 4"]][0] == "epoch start"
+    # Each save inside a range. At the stop inside epoch 1 each saves where it stopped (ResumableCheckpoint: a
+    # `checkpoint` range between the steps), exit_after skips validation, and the epoch still ends, saving nothing.
+    assert saved_inside == {"train epoch end": [["epoch end"], []], "validation end": [["validation"], []]}
+    # Each save is also a `checkpoint` range of its own, inside the range it runs in.
     between = [(name, [c for c, _ in children]) for name, children in recorder.tree() if not name.startswith("step")]
     assert between == [("metrics", []), ("validation", ["checkpoint"]), ("epoch end", ["checkpoint"]),
-                       ("epoch end", ["checkpoint"])]  # fmt: skip
+                       ("checkpoint", []), ("checkpoint", []), ("epoch end", [])]  # fmt: skip
     assert recorder.balanced()
 
 
@@ -489,6 +491,26 @@ def test_exit_after_under_min_steps_says_so_and_leaves_validation_on(tmp_path, r
 def test_exit_after_gives_the_validation_setting_back_at_the_end(tmp_path, recorder):
     trainer = fit(tmp_path, ProfilerWindow(start_step=1, num_steps=2, report=False), max_steps=8, val_batches=1)
     assert trainer.global_step == 3 and trainer.limit_val_batches == 1  # stopped after the window; validation back
+
+
+def test_exit_after_at_an_epochs_last_step_keeps_that_epochs_validation(tmp_path, recorder):
+    class Validations(pl.Callback):
+        steps: list[int] = []
+
+        def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            if not trainer.sanity_checking:
+                Validations.steps.append(trainer.global_step)
+
+    # The window ends at step 3, the last of epoch 0 (4 steps an epoch): the stop comes at the epoch's end, whose
+    # validation runs (skipped, that epoch would end validated by no one, and a resume would start the next epoch).
+    window = ProfilerWindow(start_step=2, num_steps=2, report=False)
+    trainer = fit(tmp_path, window, max_steps=12, train_steps=4, val_batches=1, extra=[Validations()])
+    assert trainer.global_step == 4 and Validations.steps == [4]
+    # Inside an epoch the stop still skips validation (the window at 1..2 ends at step 2 of 4).
+    Validations.steps = []
+    trainer = fit(tmp_path, ProfilerWindow(start_step=1, num_steps=2, report=False), max_steps=12, train_steps=4,
+                  val_batches=1, extra=[Validations()])  # fmt: skip
+    assert trainer.global_step == 3 and Validations.steps == []
 
 
 def test_a_resume_past_the_last_windows_start_with_exit_after_is_refused_before_training():

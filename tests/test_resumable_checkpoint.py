@@ -135,6 +135,42 @@ def test_a_fit_stopped_inside_an_epoch_resumes_the_rest_of_it(tmp_path: Path, st
     assert resumed.current_epoch == 1
 
 
+class _ValidatedModel(BoringModel):
+    """BoringModel that logs a validation score to monitor."""
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("val_score", self.step(batch), on_epoch=True)
+
+
+class _StopWithoutValidation(_StopAt):
+    """Stops at the end of step ``step`` and turns the validation at the stop off, as exit_after does."""
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        super().on_train_batch_end(trainer, *args)
+        if trainer.should_stop:
+            trainer.limit_val_batches = 0
+
+
+@pytest.mark.parametrize(
+    ("stop", "saved"),
+    [("max_steps", [4]), ("exit_after", [4]), ("should_stop", [4, 6])],  # Lightning validates at a should_stop
+)
+def test_a_stop_inside_an_epoch_saves_a_best_checkpoint_only_after_a_validation_there(
+    tmp_path: Path, stop: str, saved: list[int]
+) -> None:
+    # Epoch 0 is validated at step 4, and the fit stops at step 6: without a validation there, a monitored save would
+    # name and rank step 6's weights by epoch 0's score.
+    best = ResumableCheckpoint(dirpath=tmp_path, filename="best-{step}", monitor="val_score", save_top_k=-1)
+    limits = {"max_steps": 6} if stop == "max_steps" else {}
+    stopper = {"exit_after": [_StopWithoutValidation(6)], "should_stop": [_StopAt(6)]}.get(stop, [])
+    trainer = pl.Trainer(accelerator="cpu", limit_train_batches=BATCHES, limit_val_batches=1, num_sanity_val_steps=0,
+                         max_epochs=5, callbacks=[best, *stopper], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, **limits)  # fmt: skip
+    trainer.fit(_ValidatedModel())
+    assert trainer.global_step == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"best-step={step}.ckpt" for step in saved]
+
+
 def test_a_stop_inside_an_accumulated_step_waits_for_its_end_and_saves_there(tmp_path: Path) -> None:
     # Batches of 2 micro-batches, 8 batches an epoch: a stop after batch 4 (the first half of step 3) is held until
     # batch 5 ends step 3, saved there (Lightning alone: stopped after batch 4 and saved nothing of the epoch).

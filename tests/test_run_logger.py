@@ -1,5 +1,6 @@
 """run_logger.py: a requeued job resuming into its fixed run folder keeps the metrics of the segments before it
-(Lightning's CSVLogger deleted metrics.csv when the resumed run started); a fresh run into that folder starts anew. A run refused before its first step leaves no run folder behind."""
+(Lightning's CSVLogger deleted metrics.csv when the resumed run started); a fresh run into that folder starts anew.
+A run refused before its first step leaves no run folder behind."""
 
 from __future__ import annotations
 
