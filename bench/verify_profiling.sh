@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Verifies the profiling window in real Nsight Systems reports (run on a GPU machine, from the project root).
-#   bash bench/verify_profiling.sh OUTDIR [single|epoch|windows|lightning2|torchrun2|torchrunN|ncu ...]
+#   bash bench/verify_profiling.sh OUTDIR [single|epoch|logstep|epochstart|epochlast|windows|lightning2|torchrun2|torchrunN|ncu ...]
 # single     : 1 process, ResNet-50 on the generated shapes JPEGs, window at step 20 for 10 steps,
 #              nsys --capture-range=cudaProfilerApi
 # epoch      : the same with 25 batches an epoch and validation on: the window crosses validation, a checkpoint and
@@ -9,6 +9,8 @@
 #              (an all-reduce under DDP) must sit inside a range too
 # epochstart : a window opening at an epoch's first step (25 batches an epoch, window 25-29): the step report must
 #              leave the loader's first fetch of the epoch out of the steps (before_window in the report's JSON)
+# epochlast  : a window ending at an epoch's last step (25 batches an epoch, window 20-24) with exit_after: the
+#              epoch's validation runs after the capture and writes its best checkpoint
 # windows    : two windows (steps 20-24 and 40-44) with --capture-range-end=repeat
 # lightning2 : 2 GPUs through Lightning's own launcher: one report holding both ranks
 # torchrun2  : 2 GPUs through torchrun, one report per rank (%q{RANK})
@@ -55,6 +57,14 @@ for stage in "$@"; do
     run nsys export --type sqlite --force-overwrite true -o "$out/epochstart.sqlite" "$out/epochstart.nsys-rep" >/dev/null
     run python3 bench/check_nsys.py "$out/epochstart.sqlite" --steps 25-29
     find "$out/epochstart_run" -name "*.md" -path "*step_report*" -exec cat {} + | head -40 ;;
+  epochlast)
+    run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/epochlast" python3 train.py \
+      "${common[@]}" --data.batch_size 160 --trainer.limit_val_batches 2 --trainer.logger.init_args.save_dir \
+      "$out/epochlast_run" --profile.start_step 20 --profile.num_steps 5
+    run nsys export --type sqlite --force-overwrite true -o "$out/epochlast.sqlite" "$out/epochlast.nsys-rep" >/dev/null
+    run python3 bench/check_nsys.py "$out/epochlast.sqlite" --steps 20-24
+    # The epoch's validation ran after the capture: its best checkpoint is there, next to last.ckpt.
+    run ls "$out/epochlast_run"/*/version_0/checkpoints/best-epoch000-*.ckpt ;;
   windows)
     run nsys profile "${nsys_flags[@]}" --capture-range-end=repeat -o "$out/windows" \
       python3 train.py "${common[@]}" --profile.start_step '[20,40]' --profile.num_steps 5
