@@ -19,7 +19,7 @@ import sys
 import zipfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytorch_lightning as pl
 import torch
@@ -74,6 +74,13 @@ class ImageNetCLI(LightningCLI):
         # No predict: the data module has no prediction split, so the subcommand could only fail.
         return {name: skip for name, skip in LightningCLI.subcommands().items() if name in SUBCOMMANDS}
 
+    def _add_subcommands(self, parser, **kwargs: Any) -> None:  # noqa: ANN001 (LightningArgumentParser)
+        super()._add_subcommands(parser, **kwargs)
+        # The list in --help takes Lightning's docstrings ("the test set"); the subcommands' own descriptions instead.
+        for action in parser._actions:
+            for choice in getattr(action, "_choices_actions", []):
+                choice.help = kwargs.get(choice.dest, {}).get("description", choice.help)
+
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 (LightningArgumentParser)
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.batch_size", "model.batch_size")
@@ -107,17 +114,23 @@ class ImageNetCLI(LightningCLI):
         # Always on: train_bad_images / val_bad_images per epoch (non-zero only with data.on_bad_image: skip).
         parser.add_lightning_class_args(BadImageCount, "bad_images")
 
+    def _refuse(self, message: str) -> NoReturn:
+        """Exits as the parser does on its own errors (status 2, one line), through the subcommand's parser: its usage
+        and ``--help`` (``train.py fit --help``) are the ones that list the keys."""
+        subcommand = self.config.get("subcommand") if getattr(self, "config", None) else None
+        getattr(self, "_subcommand_parsers", {}).get(subcommand, self.parser).error(message)
+
     def _parse_ckpt_path(self) -> None:
         # LightningCLI puts the checkpoint's hyperparameters over the command line's: a different --model.arch would
         # be replaced without a word, so say it instead (before anything is built).
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path == "last" and self._checkpoints_in_a_new_folder():
-            self.parser.error(self._no_last_checkpoint())
+            self._refuse(self._no_last_checkpoint())
         if ckpt_path == "last" and (missed := self._what_last_would_miss()):
-            self.parser.error(missed)
+            self._refuse(missed)
         if ckpt_path == "best":
-            self.parser.error(
+            self._refuse(
                 "--ckpt_path best names the best checkpoint of a fit in this same process, and this process has not "
                 "trained; pass the file (e.g. .../checkpoints/best-epoch....ckpt)"
             )
@@ -134,13 +147,11 @@ class ImageNetCLI(LightningCLI):
         local = ckpt_path not in ("last", "hpc") and not _is_registry(ckpt_path) and "://" not in ckpt_path
         if local and not Path(ckpt_path).is_file() and not (sharded and Path(ckpt_path).is_dir()):
             what = "is a folder" if Path(ckpt_path).is_dir() else "does not exist"
-            self.parser.error(
-                f"--ckpt_path {ckpt_path} {what}; pass a checkpoint file (e.g. .../checkpoints/last.ckpt)"
-            )
+            self._refuse(f"--ckpt_path {ckpt_path} {what}; pass a checkpoint file (e.g. .../checkpoints/last.ckpt)")
         if Path(ckpt_path).is_file():
             if not zipfile.is_zipfile(ckpt_path):
                 self._refuse_main_amp(ckpt_path)  # torch < 1.6 wrote main_amp.py's files in its older format
-                self.parser.error(
+                self._refuse(
                     f"--ckpt_path {ckpt_path} is not a checkpoint (a checkpoint is a torch.save zip archive, "
                     "e.g. .../checkpoints/last.ckpt)"
                 )
@@ -150,7 +161,7 @@ class ImageNetCLI(LightningCLI):
             saved = checkpoint.get("hyper_parameters", {})
             asked = self.config[subcommand].model.arch
             if saved.get("arch", asked) != asked:
-                self.parser.error(
+                self._refuse(
                     f"--ckpt_path {ckpt_path} holds a {saved['arch']} and this run asks for model.arch {asked}; "
                     f"pass --model.arch {saved['arch']} (or a {asked} checkpoint)"
                 )
@@ -177,7 +188,7 @@ class ImageNetCLI(LightningCLI):
                 f"train; raise {key} to train on, or evaluate it: python train.py validate ... --ckpt_path {ckpt_path}"
             )
             if done > limit:
-                self.parser.error(said)
+                self._refuse(said)
             rank_zero_warn(said)
             return
 
@@ -189,7 +200,7 @@ class ImageNetCLI(LightningCLI):
             saved = torch.load(ckpt_path, weights_only=True, map_location="cpu", mmap=True)
         except Exception as error:  # noqa: BLE001 - pickled objects beyond tensors and containers, a torn archive
             self._refuse_main_amp(ckpt_path)  # one that needs full unpickling
-            self.parser.error(
+            self._refuse(
                 f"--ckpt_path {ckpt_path} cannot be read as a checkpoint ({type(error).__name__}); pass a checkpoint "
                 "this application wrote (e.g. .../checkpoints/last.ckpt)"
             )
@@ -197,7 +208,7 @@ class ImageNetCLI(LightningCLI):
             return saved
         self._refuse_main_amp(ckpt_path)
         found = f"keys {sorted(map(str, saved))[:8]}" if isinstance(saved, dict) else f"a {type(saved).__name__}"
-        self.parser.error(
+        self._refuse(
             f"--ckpt_path {ckpt_path} is not a Lightning checkpoint (it has no 'pytorch-lightning_version' entry; "
             f"found {found}); pass a checkpoint this application wrote (e.g. .../checkpoints/last.ckpt)"
         )
@@ -211,9 +222,9 @@ class ImageNetCLI(LightningCLI):
         try:
             legacy = legacy_checkpoint.load_legacy(ckpt_path, lazy=True)
         except legacy_checkpoint.CheckpointConversionError as error:
-            self.parser.error(f"--ckpt_path {error}")
+            self._refuse(f"--ckpt_path {error}")
         arch = legacy.arch or "ARCH"
-        self.parser.error(
+        self._refuse(
             f"--ckpt_path {ckpt_path} is a main_amp.py checkpoint ({arch}, {legacy.epoch} epochs done), not a "
             f"Lightning one; resume it with main_amp.py's flags: python train.py -a {arch} --b BATCH --resume "
             f"{ckpt_path} DATA_DIR (train.py options such as --trainer.devices may follow). That converts it for the "
@@ -344,7 +355,7 @@ class ImageNetCLI(LightningCLI):
                 continue
             unwritable = why_unwritable(Path(str(folder)))
             if unwritable:
-                self.parser.error(f"{key} {folder}: {unwritable}; pass a folder this job can write to")
+                self._refuse(f"{key} {folder}: {unwritable}; pass a folder this job can write to")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -353,7 +364,7 @@ class ImageNetCLI(LightningCLI):
         accelerator = str(config.trainer.accelerator)
         mps = accelerator == "gpu" and torch.backends.mps.is_available()  # Lightning's "gpu" is also Apple's
         if accelerator in ("gpu", "cuda") and not torch.cuda.is_available() and not mps:
-            self.parser.error(
+            self._refuse(
                 f"trainer.accelerator {accelerator} needs a CUDA GPU and this machine shows none "
                 "(torch.cuda.is_available() is False); pass --trainer.accelerator cpu (or auto)"
             )
@@ -365,7 +376,7 @@ class ImageNetCLI(LightningCLI):
             )
         if on_cpu and precision in ("16-mixed", "16"):
             # Lightning would warn and silently train in bf16 instead: a different run than the one asked for.
-            self.parser.error(
+            self._refuse(
                 f"trainer.precision {precision} (fp16 autocast) needs a CUDA GPU and this run is on the CPU; "
                 "valid here: bf16-mixed, 32-true"
             )
@@ -379,7 +390,7 @@ class ImageNetCLI(LightningCLI):
             # jsonargparse. Anything else raises.
             if not str(error).startswith(CONFIG_SECTIONS):
                 raise
-            self.parser.error(str(error))
+            self._refuse(str(error))
 
     @override
     def _run_subcommand(self, subcommand: str) -> None:
@@ -394,7 +405,7 @@ class ImageNetCLI(LightningCLI):
                 raise
             if new_folder is not None:
                 new_folder.remove_if_unused()
-            self.parser.error(str(error))
+            self._refuse(str(error))
 
     def _new_run_folder(self) -> NewRunFolder | None:
         """The folders the logger is about to create for this run (rank 0, which writes them), if it is a CSV logger."""
@@ -409,7 +420,7 @@ class ImageNetCLI(LightningCLI):
         except (MisconfigurationException, ValueError) as error:
             # Lightning's checks of the trainer's arguments (devices 0, an unknown strategy, max_epochs -5): its
             # message names the argument; said as the parser's errors rather than at the end of a traceback.
-            self.parser.error(f"trainer: {error}")
+            self._refuse(f"trainer: {error}")
         # Checkpoints are always written atomically and durably (checkpoint_io.py), unless a CheckpointIO plugin of
         # the user's own replaced Lightning's default.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
@@ -480,6 +491,13 @@ CLI_SETTINGS: dict[str, Any] = {
         "train.py --config configs/quickstart.yaml; validate and test take --ckpt_path. main_amp.py command lines "
         "run as they are: python train.py -a resnet50 --b 224 --opt-level O1 --prof 20 DATA_DIR. Every option: "
         "python train.py fit --help.",
+        # Lightning's descriptions say "the validation set" and "the test set": both evaluate the val/ split here.
+        "fit": {"description": "Trains on the train/ split, validating on val/ every epoch; --ckpt_path resumes."},
+        "validate": {"description": "Evaluates a checkpoint (--ckpt_path) on the val/ split, as main_amp.py's -e did."},
+        "test": {
+            "description": "Evaluates a checkpoint (--ckpt_path) on the val/ split, as validate does (ImageNet's test "
+            "labels are not public); its metrics are named test_*."
+        },
     },
     # Reruns in the same run folder and DDP relaunches would otherwise abort on the config saved before.
     "save_config_kwargs": {"overwrite": True},

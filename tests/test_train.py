@@ -722,6 +722,20 @@ def test_a_gpu_accelerator_without_a_gpu_is_refused_naming_the_fix(
     assert said.startswith("error: trainer.accelerator gpu needs a CUDA GPU") and "--trainer.accelerator cpu" in said
 
 
+def test_help_says_what_each_subcommand_does_and_errors_point_to_the_subcommands_help(
+    trained: dict, main, capsys
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listing = " ".join(capsys.readouterr().out.split())
+    assert "test Evaluates a checkpoint (--ckpt_path) on the val/ split, as validate does" in listing
+    assert "the test set" not in listing  # Lightning's description
+    # An error found after parsing points to the help that lists the keys (the top-level one lists none).
+    with pytest.raises(SystemExit):
+        main(["fit", *trained["args"], "--trainer.max_steps", "3", "--ckpt_path", str(trained["last"])])
+    assert "run: train.py fit --help" in capsys.readouterr().err
+
+
 def test_version_and_no_predict(main, capsys, refused):
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
