@@ -638,7 +638,8 @@ class ImageNetDataModule(pl.LightningDataModule):
         if not position:
             return
         world = self._world()[0]
-        if (position["batch_size"], position["world_size"]) != (self.batch_size, world):
+        changed = (position["batch_size"], position["world_size"]) != (self.batch_size, world)
+        if changed and not self._epoch_was_done(position):
             rank_zero_warn(
                 f"resuming epoch {position['epoch']} after batch {position['batches']} with data.batch_size "
                 f"{self.batch_size} on {world} rank(s); the checkpoint was taken with {position['batch_size']} on "
@@ -666,6 +667,14 @@ class ImageNetDataModule(pl.LightningDataModule):
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     # --- helpers --------------------------------------------------------------------------------------
+    def _epoch_was_done(self, position: dict[str, Any]) -> bool:
+        """Whether the checkpoint's run had trained every batch of its epoch (a checkpoint of an epoch's end: the
+        resumed run starts the next epoch, whatever its batch size)."""
+        if self.train_set is None:
+            return False
+        per_rank = len(self.train_set) // int(position["world_size"])
+        return int(position["batches"]) >= per_rank // int(position["batch_size"])
+
     def _check_eval_fractions(self, folder: Path, images: int, world: int) -> None:
         """Refuses a ``trainer.limit_val_batches``/``limit_test_batches`` fraction that leaves a rank no batch.
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import warnings
 import zipfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -56,6 +58,8 @@ except ImportError:  # pragma: no cover
 
 
 SUBCOMMANDS = ("fit", "validate", "test")
+#: This application's folder: warnings raised from its files print without their source line.
+APP_DIR = str(Path(__file__).resolve().parent)
 #: The checkpoint folders a fit writes to (``None``: the logger's run folder).
 FIT_OUTPUT_FOLDERS = ("checkpoint.dirpath", "last_checkpoint.dirpath", "preemption.dirpath")
 
@@ -396,7 +400,12 @@ class ImageNetCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         new_folder = self._new_run_folder()
         try:
-            super()._run_subcommand(subcommand)
+            with warnings.catch_warnings():
+                if subcommand != "fit":
+                    # Lightning's note that the checkpoint callbacks' best scores are not reloaded into a new folder
+                    # concerns a fit that goes on; validate and test save nothing.
+                    warnings.filterwarnings("ignore", message="The dirpath has changed from")
+                super()._run_subcommand(subcommand)
         except (ValueError, FileNotFoundError) as error:
             # The checks that need the data or the world size run in setup (a batch larger than a rank's share of the
             # images, a profiled rank past the world size): said as instantiate_classes says the others, and the
@@ -451,6 +460,8 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
         sys.exit(f"train.py: {error}")
     # Lightning 2.6 advertises its cloud logger at the start of every run; this application logs to metrics.csv.
     logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_without_litlogger_tip)
+    if not getattr(warnings.formatwarning, "without_source_line", False):
+        warnings.formatwarning = _app_warnings_without_source_line(warnings.formatwarning)
     args = list(sys.argv[1:] if argv is None else argv)
     mistyped = apex_compat.unknown_first_word(args)
     if mistyped:
@@ -466,6 +477,19 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
         # other ranks, and they must parse exactly what rank 0 parsed.
         sys.argv[1:] = args
     return ImageNetCLI(ImageNetClassifier, ImageNetDataModule, args=None if argv is None else args, **CLI_SETTINGS)
+
+
+def _app_warnings_without_source_line(previous: Callable[..., str]) -> Callable[..., str]:
+    """``warnings.formatwarning`` that prints this application's warnings as ``file:line: message`` (as Lightning
+    prints its own): Python's format adds the source line that raised it (``  rank_zero_warn(``), which says nothing."""
+
+    def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line=None) -> str:  # noqa: ANN001
+        if str(filename).startswith(APP_DIR):
+            return f"{filename}:{lineno}: {message}\n"
+        return previous(message, category, filename, lineno, line)
+
+    format_warning.without_source_line = True  # type: ignore[attr-defined]
+    return format_warning
 
 
 def _without_litlogger_tip(record: logging.LogRecord) -> bool:

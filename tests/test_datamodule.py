@@ -283,6 +283,13 @@ def test_resume_with_another_batch_size_or_world_size_warns(shapes_root: Path) -
     loader = dm.train_dataloader()
     _set_sampler_epoch(loader, 1)
     assert len(list(loader)) == len(loader) - 2  # Lightning counts 2 batches as done: the epoch keeps its length
+    # A checkpoint of the epoch's end (every batch of the checkpoint's run trained): the resumed run starts the next
+    # epoch, exactly, and says nothing.
+    done = len(dm.train_set) // 8
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dm.load_state_dict({"train_position": position | {"batches": done}})
+    assert not [w for w in caught if "not exactly" in str(w.message)]
 
 
 def test_resume_with_another_decoder_warns_and_an_old_checkpoint_counts_as_pil(shapes_root: Path) -> None:

@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -202,7 +203,11 @@ def test_validate_and_test_a_checkpoint(trained: dict, shapes_root: Path, tmp_pa
     (fit_row,) = [r for r in read_metrics(trained["log_dir"]) if r["val_acc1"] and int(r["epoch"]) == epoch]
     args = [*trained["args"], "--trainer.default_root_dir", str(tmp_path)]
     args += ["--trainer.logger.init_args.save_dir", str(tmp_path)]
-    validated = main(["validate", *args, "--ckpt_path", str(trained["last"])])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        validated = main(["validate", *args, "--ckpt_path", str(trained["last"])])
+    # Lightning's note that the checkpoint callbacks' best scores are not reloaded into this new folder: a fit's.
+    assert not [w for w in caught if "dirpath has changed" in str(w.message)]
     metrics = validated.trainer.callback_metrics
     assert float(metrics["val_acc1"]) == pytest.approx(float(fit_row["val_acc1"]))
     assert float(metrics["val_acc5"]) == pytest.approx(float(fit_row["val_acc5"]))
@@ -213,6 +218,16 @@ def test_validate_and_test_a_checkpoint(trained: dict, shapes_root: Path, tmp_pa
     metrics = tested.trainer.callback_metrics
     assert float(metrics["test_acc1"]) == pytest.approx(float(fit_row["val_acc1"]))
     assert float(metrics["test_acc5"]) == pytest.approx(float(fit_row["val_acc5"]))
+
+
+def test_the_apps_warnings_print_without_their_source_line(main) -> None:
+    with pytest.raises(SystemExit):
+        main(["--version"])  # main() installs the format first
+    app_file, torch_file = str(REPO / "train.py"), torch.__file__
+    assert warnings.formatwarning(UserWarning("said"), UserWarning, app_file, 7, "rank_zero_warn(x)") == (
+        f"{app_file}:7: said\n"
+    )
+    assert "rank_zero_warn" in warnings.formatwarning(UserWarning("said"), UserWarning, torch_file, 7, "rank_zero_warn")
 
 
 def test_validate_without_checkpoint_is_chance(trained: dict, tmp_path: Path, main) -> None:
