@@ -176,8 +176,9 @@ def is_apex_command_line(argv: Sequence[str]) -> bool:
 
 
 def unknown_first_word(argv: Sequence[str]) -> str | None:
-    """Why the first word of ``argv`` is neither a subcommand nor main_amp.py's data folder (an existing folder), or
-    ``None`` when it is one of them, or an option.
+    """Why the first word of ``argv`` is neither a subcommand nor main_amp.py's data folder, or ``None`` when it is
+    one of them, or an option. A data folder exists, or main_amp.py's flags follow it (a folder the run generates);
+    a word close to a subcommand's name is a typo of it either way.
 
     A mistyped subcommand (``train.py fitt --config configs/quickstart.yaml``) was read as main_amp.py's DIR: the
     original's defaults (batch 256, 90 epochs) replaced the config's, and a config with ``data.source: generated``
@@ -187,6 +188,8 @@ def unknown_first_word(argv: Sequence[str]) -> str | None:
         return None
     valid = SUBCOMMANDS[:3]  # predict is refused by name later
     close = difflib.get_close_matches(argv[0], valid, n=1, cutoff=0.6)
+    if not close and any(is_apex_command_line([arg]) for arg in argv[1:] if arg.startswith("-")):
+        return None  # main_amp.py's flags follow: its DIR, which the run may create (data.source generated)
     hint = f"did you mean {close[0]}? " if close else ""
     return (
         f"'{argv[0]}' is neither a subcommand ({hint}valid: {', '.join(valid)}) nor an existing folder (the data "

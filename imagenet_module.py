@@ -14,6 +14,7 @@ per epoch, and validation accuracy and loss are torchmetrics objects that synchr
 from __future__ import annotations
 
 import math
+import pickle
 import re
 import time
 from pathlib import Path
@@ -77,13 +78,18 @@ def _load_weights(model: torch.nn.Module, arch: str, num_classes: int, path: Pat
     wanted = f"give a state_dict saved by torch.save(model.state_dict()), e.g. torchvision's {arch}-*.pth weights file"
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, MemoryError):
+        raise  # the file system's error (permissions, I/O), said as it is
     except Exception as error:  # noqa: BLE001 - UnpicklingError for any pickle, RuntimeError for a torn archive, ...
         # torch's own message advises weights_only=False, which runs whatever code the file pickled: not said here.
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
         if found:  # a whole model saved by torch.save(model), or a checkpoint holding other objects
             holds = f"it pickles a {found[1]} object, not only tensors"
-        else:
-            holds = f"torch.load cannot read it: {type(error).__name__}"
+        elif isinstance(error, pickle.UnpicklingError):
+            holds = "torch.load cannot read it: not a torch.save file"
+        else:  # a torn download of the right file: torch's reason ("failed finding central directory")
+            reason = (str(error).splitlines() or [""])[0]
+            holds = f"torch.load cannot read it: {type(error).__name__}: {reason}"
         raise ValueError(f"model.weights: {path} is not a state_dict file ({holds}); {wanted}") from error
     if _is_training_checkpoint(saved):
         raise ValueError(
@@ -323,12 +329,21 @@ class ImageNetClassifier(pl.LightningModule):
             }
         # The epoch's loss so far, for train_loss_epoch after a resume inside the epoch (one small copy to the host, at
         # a checkpoint only). Under DDP rank 0 writes the file: every rank resumes with rank 0's share, an estimate of
-        # its own; on one device the resumed epoch logs the uninterrupted run's mean.
-        checkpoint["train_epoch_loss"] = {
-            "epoch": self.current_epoch,
-            "sum": float(self._sums[3]),
-            "images": self._epoch_images,
-        }
+        # its own; on one device the resumed epoch logs the uninterrupted run's mean. Not after the epoch's last batch:
+        # the resumed run starts the next epoch, with Lightning's current_epoch not always moved on yet (max_steps).
+        trainer = self._trainer
+        if trainer is not None and trainer.training and self._inside_an_epoch(trainer):
+            checkpoint["train_epoch_loss"] = {
+                "epoch": self.current_epoch,
+                "sum": float(self._sums[3]),
+                "images": self._epoch_images,
+            }
+
+    @staticmethod
+    def _inside_an_epoch(trainer: pl.Trainer) -> bool:
+        """Whether the epoch being trained has batches left (False for a loader without a length)."""
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return done < trainer.num_training_batches != float("inf")
 
     @override
     def configure_model(self) -> None:

@@ -73,8 +73,10 @@ class NewRunFolder:
 
     def remove_if_unused(self) -> bool:
         """Removes the folders this run created if they hold nothing but what a run writes before its first step;
-        returns whether the run's folder is gone. A folder that existed before, or that another run wrote into
-        meanwhile, stays."""
+        returns whether the run's folder is gone. A folder that existed before stays, and so does one holding
+        anything else (a checkpoint, a metrics row, a report, a file of any other name). Two runs started at once
+        into the same new version_N (Lightning numbers them by listing the folder) could lose each other's
+        config.yaml here, never a result."""
         if not self.created:
             return False
         log_dir = self.created[0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import traceback
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_only, rank_zer
 import apex_compat
 import cuda_env
 import legacy_checkpoint
+import shapes_dataset
 from callbacks import ProfilerWindow
 from callbacks.bad_images import BadImageCount
 from callbacks.preemption import PreemptionHandler
@@ -180,8 +182,12 @@ class ImageNetCLI(LightningCLI):
         finished job (a warning)."""
         trainer = self.config["fit"].trainer
         steps = int(checkpoint.get("global_step", 0))
-        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+        progress = fit_loop.get("epoch_progress", {}).get("current", {})
         epochs = int(progress.get("processed", 0))  # epochs whose every batch trained
+        last_batch = fit_loop.get("epoch_loop.batch_progress", {}).get("is_last_batch")
+        if last_batch and epochs == progress.get("started", 0) - 1:
+            epochs += 1  # saved at the end of an epoch's last batch, before the epoch's end: Lightning counts it done
         limits = [("trainer.max_steps", trainer.get("max_steps"), steps, "steps"),
                   ("trainer.max_epochs", trainer.get("max_epochs"), epochs, "epochs")]  # fmt: skip
         for key, limit, done, unit in limits:
@@ -352,8 +358,9 @@ class ImageNetCLI(LightningCLI):
             folders |= {key: config.get(key.split(".")[0], {}).get("dirpath") for key in FIT_OUTPUT_FOLDERS}
             if config.get("profile", {}).get("torch_profiler"):
                 folders["profile.trace_dir"] = config.profile.get("trace_dir")
-        if config.get("data", {}).get("source") == "generated":
-            folders["data.root"] = config.data.get("root")  # drawn there when not complete
+        root = config.get("data", {}).get("root")
+        if config.get("data", {}).get("source") == "generated" and root and not shapes_dataset.is_complete(root):
+            folders["data.root"] = root  # drawn there (a complete one, on read-only storage too, is only read)
         for key, folder in folders.items():
             if not folder or "://" in str(folder):  # unset, or a remote filesystem (fsspec) Lightning writes to
                 continue
@@ -428,7 +435,11 @@ class ImageNetCLI(LightningCLI):
             trainer = super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError) as error:
             # Lightning's checks of the trainer's arguments (devices 0, an unknown strategy, max_epochs -5): its
-            # message names the argument; said as the parser's errors rather than at the end of a traceback.
+            # message names the argument; said as the parser's errors rather than at the end of a traceback. A
+            # ValueError from elsewhere (a plugin of the user's, an environment variable's parse) keeps its traceback.
+            raised_in = traceback.extract_tb(error.__traceback__)[-1].filename
+            if not isinstance(error, MisconfigurationException) and not _in_lightning(raised_in):
+                raise
             self._refuse(f"trainer: {error}")
         # Checkpoints are always written atomically and durably (checkpoint_io.py), unless a CheckpointIO plugin of
         # the user's own replaced Lightning's default.
@@ -484,12 +495,24 @@ def _app_warnings_without_source_line(previous: Callable[..., str]) -> Callable[
     prints its own): Python's format adds the source line that raised it (``  rank_zero_warn(``), which says nothing."""
 
     def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line=None) -> str:  # noqa: ANN001
-        if str(filename).startswith(APP_DIR):
+        if category is UserWarning and _is_app_file(filename):
             return f"{filename}:{lineno}: {message}\n"
         return previous(message, category, filename, lineno, line)
 
     format_warning.without_source_line = True  # type: ignore[attr-defined]
     return format_warning
+
+
+def _is_app_file(filename: str) -> bool:
+    """Whether ``filename`` is one of this application's files (not a package installed inside its folder)."""
+    path = Path(filename)
+    return path.is_relative_to(APP_DIR) and "site-packages" not in path.parts
+
+
+def _in_lightning(filename: str) -> bool:
+    """Whether ``filename`` is a file of Lightning's packages."""
+    parts = Path(filename).parts
+    return "pytorch_lightning" in parts or "lightning_fabric" in parts or "lightning" in parts
 
 
 def _without_litlogger_tip(record: logging.LogRecord) -> bool:

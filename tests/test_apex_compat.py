@@ -367,6 +367,10 @@ def test_a_first_word_that_is_no_subcommand_and_no_folder_is_refused_before_anyt
 
 def test_an_existing_folder_first_is_main_amps_dir(tmp_path: Path) -> None:
     assert apex_compat.unknown_first_word([str(tmp_path), "-a", "resnet50"]) is None
+    # One that does not exist yet, with main_amp.py's flags after it: a DIR the run may generate.
+    generated = [str(tmp_path / "new"), "-a", "resnet18", "--data.source", "generated"]
+    assert apex_compat.unknown_first_word(generated) is None
+    assert apex_compat.unknown_first_word(["fitt", "-a", "resnet18"]) is not None  # a subcommand's typo all the same
     assert apex_compat.unknown_first_word(["fit"]) is None and apex_compat.unknown_first_word(["-a", "x", "./"]) is None
 
 

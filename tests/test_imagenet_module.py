@@ -347,13 +347,16 @@ def test_weights_of_another_arch_are_refused(resnet18_weights: tuple[Path, dict]
             build_model("resnet18", classes, str(tmp_path / "deeper.pth"))
 
 
-@pytest.mark.parametrize("content", ["text", "whole model", "list"])
+@pytest.mark.parametrize("content", ["text", "whole model", "list", "torn"])
 def test_weights_file_that_is_no_state_dict(tmp_path: Path, content: str) -> None:
     """A file that is no state_dict is said in one line, without torch's advice to load it with weights_only=False
     (which runs whatever code the file pickled)."""
     path = tmp_path / "weights.pth"
     if content == "text":
         path.write_text("# README\n\nNot a weights file.\n")
+    elif content == "torn":  # a download cut short: torch's own reason is said
+        torch.save(torchvision.models.resnet18().state_dict(), path)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     else:
         torch.save(torchvision.models.resnet18() if content == "whole model" else [1, 2], path)
     with pytest.raises(ValueError, match=re.escape(f"model.weights: {path} is not a state_dict")) as caught:
@@ -363,6 +366,8 @@ def test_weights_file_that_is_no_state_dict(tmp_path: Path, content: str) -> Non
     assert "weights_only" not in said and "\n" not in said
     if content == "whole model":
         assert "it pickles a torchvision.models.resnet.ResNet object" in said
+    if content == "torn":
+        assert "torch.load cannot read it: RuntimeError: PytorchStreamReader failed" in said
 
 
 @pytest.fixture(scope="module")
@@ -673,6 +678,24 @@ def test_logged_interval_and_epoch_metrics_are_means_over_their_images(accumulat
     assert epochs == pytest.approx([means(range(0, 4))["train_loss"], means(range(4, 8))["train_loss"]], rel=1e-6)
     # Under DDP, Lightning sums each rank's mean times this weight and the weights: the mean over every rank's images.
     assert [(o["sync_dist"], o["batch_size"]) for o in epoch_options] == [(True, batches * batch)] * 2
+
+
+def test_a_resume_from_an_epochs_last_batch_does_not_carry_that_epochs_loss_on(tmp_path) -> None:
+    """After a checkpoint of an epoch's last batch the resumed run starts the next epoch; with max_steps Lightning has
+    not moved current_epoch on at its first batch, and the finished epoch's loss was taken up into the next one."""
+    from callbacks.resumable_checkpoint import ResumableCheckpoint
+
+    quiet = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False, "limit_val_batches": 0}
+    last = ResumableCheckpoint(dirpath=tmp_path, filename="last", monitor=None, enable_version_counter=False)
+    torch.manual_seed(0)
+    pl.Trainer(accelerator="cpu", callbacks=[last], max_steps=4, **quiet).fit(linear_classifier(), random_loader(4))
+    assert "train_epoch_loss" not in torch.load(tmp_path / "last.ckpt", weights_only=False)
+    resumed = linear_classifier()
+    counted: list[int] = []
+    resumed.log = lambda name, value, **_: counted.append(resumed._epoch_images)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=8, **quiet)
+    trainer.fit(resumed, random_loader(4), ckpt_path=str(tmp_path / "last.ckpt"))
+    assert sum(counted) == 4 * 6  # the resumed run's 4 batches of 6 images (before: 30, epoch 0's 24 taken up again)
 
 
 def test_log_every_n_steps_0_logs_no_interval_and_still_the_epoch_mean() -> None:

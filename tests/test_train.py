@@ -644,6 +644,27 @@ def test_folders_the_run_cannot_write_to_are_refused_before_it_starts(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_complete_generated_dataset_is_only_read_and_need_not_be_writable(
+    shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A shared, pre-generated copy on read-only storage: nothing is drawn there, so it is not probed.
+    probed = []
+    monkeypatch.setattr(train, "why_unwritable", lambda folder: probed.append(folder) or None)
+    main(["fit", *tiny_args(shapes_root, tmp_path, trainer__max_steps=1), "--data.source", "generated"])
+    assert Path(shapes_root) not in probed and probed  # the run's own folders were
+
+
+def test_a_valueerror_from_outside_lightning_while_building_the_trainer_keeps_its_traceback(
+    shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def plugin_of_the_users(*args: object, **kwargs: object) -> None:
+        raise ValueError("a bug in a plugin")
+
+    monkeypatch.setattr(train.ImageNetCLI, "_instantiate_trainer", plugin_of_the_users)
+    with pytest.raises(ValueError, match="a bug in a plugin"):  # not turned into a one-line `error: trainer:`
+        main(["fit", *tiny_args(shapes_root, tmp_path)])
+
+
 def test_checkpoint_paths_that_cannot_be_loaded_are_refused_naming_why(trained: dict, tmp_path: Path, refused):
     args, not_a_checkpoint = trained["args"], tmp_path / "config.yaml"
     not_a_checkpoint.write_text("model: {}\n")
@@ -659,7 +680,7 @@ def test_checkpoint_paths_that_cannot_be_loaded_are_refused_naming_why(trained: 
     assert f"the newest here: --ckpt_path {trained['last']}, or fix the folder" in said
 
 
-def test_a_resume_past_the_runs_end_is_refused_and_one_at_it_warned(trained: dict, refused, main) -> None:
+def test_a_resume_past_the_runs_end_is_refused_and_one_at_it_warned(trained: dict, refused, main, tmp_path) -> None:
     # Lightning restored the checkpoint, said max_steps was reached and exited 0: a run that trained nothing.
     last, steps = trained["last"], trained["global_step"]  # 4 epochs
     said = refused(["fit", *trained["args"], "--trainer.max_steps", "3", "--ckpt_path", str(last)])
@@ -673,6 +694,16 @@ def test_a_resume_past_the_runs_end_is_refused_and_one_at_it_warned(trained: dic
     with pytest.warns(UserWarning, match="has trained 4 epochs and this run ends at trainer.max_epochs 4: nothing"):
         cli = main(["fit", *trained["args"], "--ckpt_path", str(last)])  # the rerun of a finished job
     assert cli.trainer.global_step == steps
+    # Saved at the end of the last epoch's last batch, before the epoch's end (every_n_train_steps, a preemption):
+    # Lightning counts that epoch done as well.
+    saved = torch.load(last, map_location="cpu", weights_only=True)
+    loops = saved["loops"]["fit_loop"]
+    loops["epoch_progress"]["current"].update(processed=3, completed=3, started=4, ready=4)
+    loops["epoch_loop.batch_progress"]["is_last_batch"] = True
+    torch.save(saved, tmp_path / "batch_end.ckpt")
+    assert "has trained 4 epochs and this run ends at trainer.max_epochs 3" in refused(
+        ["fit", *trained["args"], "--trainer.max_epochs", "3", "--ckpt_path", str(tmp_path / "batch_end.ckpt")]
+    )
 
 
 def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(trained: dict, main, monkeypatch, refused):
