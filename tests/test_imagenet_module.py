@@ -685,7 +685,8 @@ def test_a_resume_from_an_epochs_last_batch_does_not_carry_that_epochs_loss_on(t
     not moved current_epoch on at its first batch, and the finished epoch's loss was taken up into the next one."""
     from callbacks.resumable_checkpoint import ResumableCheckpoint
 
-    quiet = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False, "limit_val_batches": 0}
+    quiet = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False, "limit_val_batches": 0,
+             "default_root_dir": tmp_path}  # fmt: skip
     last = ResumableCheckpoint(dirpath=tmp_path, filename="last", monitor=None, enable_version_counter=False)
     torch.manual_seed(0)
     pl.Trainer(accelerator="cpu", callbacks=[last], max_steps=4, **quiet).fit(linear_classifier(), random_loader(4))
