@@ -2,7 +2,9 @@
 
 A mistyped option made jsonargparse print the whole usage of the subcommand (about 130 lines for ``fit``) above the
 one line that matters. Here an error prints that line, the closest valid option when one is near (``--modle.arch``:
-did you mean ``--model.arch``?), whether the key came from a ``--config`` file, and where ``--help`` is.
+did you mean ``--model.arch``?), whether the key came from a ``--config`` file, and where ``--help`` is. A YAML
+syntax error names its file (YAML calls it ``<unicode string>``), and a wrong ``trainer.precision`` gets the valid
+values under jsonargparse's dump of the type.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import difflib
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any, NoReturn
 
+import yaml
 from pytorch_lightning.cli import LightningArgumentParser
 
 #: The option names in jsonargparse's messages for an unknown command-line option and an unknown config key.
@@ -35,7 +39,8 @@ class ReadableErrorsParser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         parser = getattr(ex, "subcommand_parser", None) or self
-        super().error(message + _suggestion(message, parser, self._given or []), ex)
+        message = _name_the_config_file(message, self._given or [])
+        super().error(message + _suggestion(message, parser, self._given or []) + _precision_hint(message), ex)
 
 
 def _suggestion(message: str, parser: Any, given: list[str]) -> str:
@@ -52,6 +57,30 @@ def _suggestion(message: str, parser: Any, given: list[str]) -> str:
         if configs:
             hint += f" ('{name}' is a key of {' or '.join(configs)}, not of the command line)"
     return hint
+
+
+def _name_the_config_file(message: str, given: list[str]) -> str:
+    """A YAML syntax error says ``in "<unicode string>", line 2``: the ``--config`` file that does not parse instead."""
+    if '"<unicode string>"' not in message:
+        return message
+    for path in option_values(given, ("--config", "-c")):
+        try:
+            yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError):
+            return message.replace('"<unicode string>"', path)
+    return message
+
+
+#: ``trainer.precision`` values, for the hint under jsonargparse's dump of the type's union.
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
+
+
+def _precision_hint(message: str) -> str:
+    """The valid ``trainer.precision`` values after jsonargparse's union dump (``--trainer.precision fp16``; the
+    original's O1 is 16-mixed)."""
+    if not message.startswith('Parser key "trainer.precision"'):
+        return ""
+    return f"\nvalid trainer.precision: {', '.join(PRECISIONS)} (main_amp.py's O1/O2: 16-mixed)"
 
 
 def option_values(args: Sequence[str], names: Sequence[str]) -> list[str]:

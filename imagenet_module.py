@@ -13,6 +13,7 @@ per epoch, and validation accuracy and loss are torchmetrics objects that synchr
 
 from __future__ import annotations
 
+import difflib
 import math
 import pickle
 import re
@@ -55,7 +56,10 @@ def build_model(arch: str, num_classes: int, weights: str | None = None) -> torc
     """
     valid = classification_archs()
     if arch not in valid:
-        raise ValueError(f"model.arch: unknown architecture {arch!r}; valid: {', '.join(valid)}")
+        # The first thing said: the list of valid names is some 80 long.
+        close = difflib.get_close_matches(arch, valid, n=3, cutoff=0.7)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise ValueError(f"model.arch: unknown architecture {arch!r}; {hint}valid: {', '.join(valid)}")
     model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
     if weights:
         _load_weights(model, arch, num_classes, Path(weights))

@@ -44,6 +44,21 @@ def test_a_config_files_unknown_key_names_the_files(tmp_path: Path, capsys, monk
     assert f"is a key of {QUICKSTART} or {config}, not of the command line" in err
 
 
+def test_a_config_file_that_does_not_parse_is_named(tmp_path: Path, capsys, monkeypatch) -> None:
+    config = tmp_path / "broken.yaml"
+    config.write_text("model:\n  arch: [resnet18\ndata: {}\n")
+    err = error_of(["fit", "--config", QUICKSTART, "--config", str(config)], capsys, monkeypatch)
+    assert f"in {config}, line 2" in err and "<unicode string>" not in err  # YAML's own name for the text
+
+
+def test_a_wrong_precision_is_told_the_valid_values(capsys, monkeypatch) -> None:
+    err = error_of(["fit", "--config", QUICKSTART, "--trainer.precision", "fp16"], capsys, monkeypatch)
+    assert err.splitlines()[-1] == (
+        "valid trainer.precision: 32-true, bf16-mixed, 16-mixed, bf16-true, 16-true, 64-true (main_amp.py's O1/O2: "
+        "16-mixed)"
+    )
+
+
 def test_an_option_with_nothing_close_gets_no_guess(capsys, monkeypatch) -> None:
     err = error_of(["fit", "--config", QUICKSTART, "--zzz.qqq", "1"], capsys, monkeypatch)
     assert err.splitlines()[-1] == "error: unrecognized arguments: --zzz.qqq 1"

@@ -274,9 +274,12 @@ def test_a_checkpoint_does_not_switch_the_sgd_kernel(tmp_path: Path, saved_fused
 
 # --- model building ----------------------------------------------------------------------------------------------
 def test_unknown_arch_lists_the_valid_names() -> None:
-    with pytest.raises(ValueError, match=r"unknown architecture 'resnet19'; valid: .*\bresnet18\b.*\bresnet50\b") as e:
+    listed = r"unknown architecture 'resnet19'; did you mean resnet18 or .*\? valid: .*\bresnet18\b.*\bresnet50\b"
+    with pytest.raises(ValueError, match=listed) as e:
         build_model("resnet19", 10)
     assert "vit_b_16" in str(e.value)
+    with pytest.raises(ValueError, match=r"'notanarch'; valid: alexnet"):  # nothing close: no suggestion
+        build_model("notanarch", 10)
     with pytest.raises(ValueError, match="unknown architecture"):
         ImageNetClassifier(arch="resnet19")
     # Detection or video models are no image classifiers here.
