@@ -25,7 +25,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 import torchvision
-from pytorch_lightning.utilities import rank_zero_info
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -468,9 +468,25 @@ class ImageNetClassifier(pl.LightningModule):
                     if state.get("momentum_buffer") is None:
                         state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         self._align_lr_schedule()
+        self._warn_of_a_schedule_past_the_end()
         # The log interval starts at the end of this fit's first optimizer step (the first step is warm-up: cudnn
         # benchmarking, compilation); with gradient accumulation that is after its last micro-batch, not its first.
         self._last_global_step, self._interval_start = self.global_step, None
+
+    def _warn_of_a_schedule_past_the_end(self) -> None:
+        """Says when a run of ``trainer.max_epochs`` ends before a milestone of its LR recipe (the 90-epoch recipe's,
+        left in a shorter run's config): its decays would never happen, without a word. Not for a run that
+        ``trainer.max_steps`` cuts short (a profiling or benchmark job is short on purpose)."""
+        trainer = self.trainer
+        epochs = trainer.max_epochs
+        if trainer.max_steps not in (-1, None) or epochs in (None, -1):
+            return
+        late = [m for m in self.hparams.lr_milestones if m >= epochs]
+        if late:
+            rank_zero_warn(
+                f"model.lr_milestones {late} at or past trainer.max_epochs {epochs}: the learning rate never decays "
+                "there; lower them, or train longer"
+            )
 
     def _lr_scheduler(self) -> torch.optim.lr_scheduler.LambdaLR | None:
         configs = self.trainer.lr_scheduler_configs

@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,13 @@ def is_complete(root: str | os.PathLike) -> bool:
     return (Path(root) / MANIFEST).is_file()
 
 
+def _manifest_seed(root: Path) -> int | None:
+    try:
+        return json.loads((root / MANIFEST).read_text()).get("seed")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def generate(
     root: str | os.PathLike,
     train_per_class: int = 160,
@@ -137,6 +145,15 @@ def generate(
     """
     root = Path(root)
     if is_complete(root):
+        drawn_with = _manifest_seed(root)
+        if drawn_with is not None and drawn_with != seed:
+            # Nothing is drawn again over a finished dataset: say which data this run trains on.
+            warnings.warn(
+                f"{root} holds the shapes dataset drawn with seed {drawn_with}, and this run asks for seed {seed}: it "
+                "trains on that one (the seed still sets the order and the crops); for the data of seed "
+                f"{seed}, point data.root at a new folder",
+                stacklevel=2,
+            )
         return root
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(

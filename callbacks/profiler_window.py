@@ -216,6 +216,10 @@ class ProfilerWindow(Callback):
     # --- setup and checks -----------------------------------------------------------------------------
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.enabled and stage != "fit":
+            # The window counts a fit's optimizer steps; an evaluation has none.
+            name = getattr(stage, "value", stage)  # Lightning passes a TrainerFn, a str enum
+            rank_zero_warn(f"profile.start_step applies to fit's optimizer steps; this {name} records no window")
         if not self.enabled or stage != "fit":
             return
         if self.ranks is not None and max(self.ranks) >= trainer.world_size:

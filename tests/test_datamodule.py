@@ -445,6 +445,20 @@ def test_generated_source_draws_the_dataset_once(tmp_path: Path, monkeypatch: py
     assert len(dm.train_set) == 2 * NUM_CLASSES and dm.train_set.classes == list(shapes_dataset.CLASSES)
 
 
+def test_a_finished_dataset_of_another_seed_is_kept_and_said(tmp_path: Path) -> None:
+    import shapes_dataset
+
+    small = {"train_per_class": 2, "val_per_class": 1, "image_size": 16}
+    root = shapes_dataset.generate(tmp_path / "shapes", seed=0, **small)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in root.rglob("*.JPEG"))
+    with pytest.warns(UserWarning, match=r"drawn with seed 0, and this run asks for seed 5: it trains on that one"):
+        shapes_dataset.generate(root, seed=5, **small)
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in root.rglob("*.JPEG")) == before  # not drawn again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        shapes_dataset.generate(root, seed=0, **small)  # its own seed: nothing to say
+
+
 def test_a_dataset_drawn_by_another_process_meanwhile_is_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Two runs (or two nodes on a shared file system) draw the dataset at once: the other one publishes first, ours
     # then finds the folder taken and keeps theirs (before: "Directory not empty" and a failed start).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -700,6 +701,18 @@ def test_a_resume_from_an_epochs_last_batch_does_not_carry_that_epochs_loss_on(t
     trainer = pl.Trainer(accelerator="cpu", max_steps=8, **quiet)
     trainer.fit(resumed, random_loader(4), ckpt_path=str(tmp_path / "last.ckpt"))
     assert sum(counted) == 4 * 6  # the resumed run's 4 batches of 6 images (before: 30, epoch 0's 24 taken up again)
+
+
+def test_milestones_past_max_epochs_are_said_and_a_max_steps_run_is_left_alone() -> None:
+    with pytest.warns(UserWarning, match=r"model.lr_milestones \[300\] at or past trainer.max_epochs 2: the learning"):
+        pl.Trainer(accelerator="cpu", max_epochs=2, **QUIET).fit(
+            linear_classifier(lr_milestones=[1, 300]), random_loader(2)
+        )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        short_on_purpose = pl.Trainer(accelerator="cpu", max_steps=2, **QUIET)
+        short_on_purpose.fit(linear_classifier(lr_milestones=[300]), random_loader(2))
+    assert not [w for w in caught if "lr_milestones" in str(w.message)]
 
 
 def test_log_every_n_steps_0_logs_no_interval_and_still_the_epoch_mean() -> None:
