@@ -4,14 +4,16 @@ A mistyped option made jsonargparse print the whole usage of the subcommand (abo
 one line that matters. Here an error prints that line, the closest valid option when one is near (``--modle.arch``:
 did you mean ``--model.arch``?), whether the key came from a ``--config`` file, and where ``--help`` is. A YAML
 syntax error names its file (YAML calls it ``<unicode string>``), and a wrong ``trainer.precision`` gets the valid
-values under jsonargparse's dump of the type.
+values under jsonargparse's dump of the type. :func:`tidy_console` keeps the output around them short.
 """
 
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
@@ -94,3 +96,31 @@ def option_values(args: Sequence[str], names: Sequence[str]) -> list[str]:
             elif position + 1 < len(args):
                 values.append(args[position + 1])
     return values
+
+
+def tidy_console(app_dir: str) -> None:
+    """The console output around the parser's: the application's warnings as ``file:line: message`` (as Lightning
+    prints its own; Python's format adds the source line that raised it, ``  rank_zero_warn(``, which says nothing),
+    and without Lightning 2.6's advert for its cloud logger at the start of every run (this application logs to
+    metrics.csv). Once per process, however often it is called.
+
+    Args:
+        app_dir: The application's folder: UserWarnings raised from its files (not from packages installed in it).
+    """
+    logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_without_litlogger_tip)  # a set: once
+    if getattr(warnings.formatwarning, "without_source_line", False):
+        return
+    previous = warnings.formatwarning
+
+    def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line=None) -> str:  # noqa: ANN001
+        path = Path(filename)
+        if category is UserWarning and path.is_relative_to(app_dir) and "site-packages" not in path.parts:
+            return f"{filename}:{lineno}: {message}\n"
+        return previous(message, category, filename, lineno, line)
+
+    format_warning.without_source_line = True  # type: ignore[attr-defined]
+    warnings.formatwarning = format_warning
+
+
+def _without_litlogger_tip(record: logging.LogRecord) -> bool:
+    return "pypi.org/project/litlogger" not in str(record.msg)

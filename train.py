@@ -13,13 +13,11 @@ Every option lives in the config and can be overridden on the command line (``--
 
 from __future__ import annotations
 
-import logging
 import re
 import sys
 import traceback
 import warnings
 import zipfile
-from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -41,7 +39,7 @@ from callbacks.bad_images import BadImageCount
 from callbacks.preemption import PreemptionHandler
 from callbacks.resumable_checkpoint import ResumableCheckpoint
 from checkpoint_io import AtomicCheckpointIO, why_unwritable
-from cli_parser import ReadableErrorsParser
+from cli_parser import ReadableErrorsParser, tidy_console
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
 from run_logger import NewRunFolder, RunLogger
@@ -469,10 +467,7 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
         cuda_env.request()
     except ValueError as error:
         sys.exit(f"train.py: {error}")
-    # Lightning 2.6 advertises its cloud logger at the start of every run; this application logs to metrics.csv.
-    logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_without_litlogger_tip)
-    if not getattr(warnings.formatwarning, "without_source_line", False):
-        warnings.formatwarning = _app_warnings_without_source_line(warnings.formatwarning)
+    tidy_console(APP_DIR)
     args = list(sys.argv[1:] if argv is None else argv)
     mistyped = apex_compat.unknown_first_word(args)
     if mistyped:
@@ -490,33 +485,10 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
     return ImageNetCLI(ImageNetClassifier, ImageNetDataModule, args=None if argv is None else args, **CLI_SETTINGS)
 
 
-def _app_warnings_without_source_line(previous: Callable[..., str]) -> Callable[..., str]:
-    """``warnings.formatwarning`` that prints this application's warnings as ``file:line: message`` (as Lightning
-    prints its own): Python's format adds the source line that raised it (``  rank_zero_warn(``), which says nothing."""
-
-    def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line=None) -> str:  # noqa: ANN001
-        if category is UserWarning and _is_app_file(filename):
-            return f"{filename}:{lineno}: {message}\n"
-        return previous(message, category, filename, lineno, line)
-
-    format_warning.without_source_line = True  # type: ignore[attr-defined]
-    return format_warning
-
-
-def _is_app_file(filename: str) -> bool:
-    """Whether ``filename`` is one of this application's files (not a package installed inside its folder)."""
-    path = Path(filename)
-    return path.is_relative_to(APP_DIR) and "site-packages" not in path.parts
-
-
 def _in_lightning(filename: str) -> bool:
     """Whether ``filename`` is a file of Lightning's packages."""
     parts = Path(filename).parts
     return "pytorch_lightning" in parts or "lightning_fabric" in parts or "lightning" in parts
-
-
-def _without_litlogger_tip(record: logging.LogRecord) -> bool:
-    return "pypi.org/project/litlogger" not in str(record.msg)
 
 
 def version() -> str:

@@ -5,9 +5,11 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import train
 
@@ -87,3 +89,14 @@ def test_the_top_level_help_says_fit_is_implied_and_main_amp_lines_run(capsys, m
     assert exit_info.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "fit is implied" in out and "-a resnet50 --b 224 --opt-level O1 --prof 20 DATA_DIR" in out
+
+
+def test_the_apps_warnings_print_without_their_source_line(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", [str(REPO / "train.py")])
+    with pytest.raises(SystemExit):
+        train.main(["--version"])  # main() installs the format first (cli_parser.tidy_console)
+    app_file, torch_file = str(REPO / "train.py"), torch.__file__
+    assert warnings.formatwarning(UserWarning("said"), UserWarning, app_file, 7, "rank_zero_warn(x)") == (
+        f"{app_file}:7: said\n"
+    )
+    assert "rank_zero_warn" in warnings.formatwarning(UserWarning("said"), UserWarning, torch_file, 7, "rank_zero_warn")

@@ -220,16 +220,6 @@ def test_validate_and_test_a_checkpoint(trained: dict, shapes_root: Path, tmp_pa
     assert float(metrics["test_acc5"]) == pytest.approx(float(fit_row["val_acc5"]))
 
 
-def test_the_apps_warnings_print_without_their_source_line(main) -> None:
-    with pytest.raises(SystemExit):
-        main(["--version"])  # main() installs the format first
-    app_file, torch_file = str(REPO / "train.py"), torch.__file__
-    assert warnings.formatwarning(UserWarning("said"), UserWarning, app_file, 7, "rank_zero_warn(x)") == (
-        f"{app_file}:7: said\n"
-    )
-    assert "rank_zero_warn" in warnings.formatwarning(UserWarning("said"), UserWarning, torch_file, 7, "rank_zero_warn")
-
-
 def test_validate_without_checkpoint_is_chance(trained: dict, tmp_path: Path, main) -> None:
     # Counterpart of the test above: an untrained net is far from the trained checkpoint.
     args = [*trained["args"], "--trainer.default_root_dir", str(tmp_path)]
