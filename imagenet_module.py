@@ -336,7 +336,7 @@ class ImageNetClassifier(pl.LightningModule):
         # its own; on one device the resumed epoch logs the uninterrupted run's mean. Not after the epoch's last batch:
         # the resumed run starts the next epoch, with Lightning's current_epoch not always moved on yet (max_steps).
         trainer = self._trainer
-        if trainer is not None and trainer.training and self._inside_an_epoch(trainer):
+        if trainer is not None and trainer.state.fn == "fit" and self._inside_an_epoch(trainer):
             checkpoint["train_epoch_loss"] = {
                 "epoch": self.current_epoch,
                 "sum": float(self._sums[3]),
