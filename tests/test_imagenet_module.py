@@ -715,6 +715,18 @@ def test_milestones_past_max_epochs_are_said_and_a_max_steps_run_is_left_alone()
     assert not [w for w in caught if "lr_milestones" in str(w.message)]
 
 
+def test_a_checkpoint_at_a_validation_inside_an_epoch_carries_the_epochs_loss_so_far(tmp_path) -> None:
+    # Validation every 2 of the epoch's 4 batches: its checkpoint at step 2 is a mid-epoch one, the one at step 4 not.
+    saves = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, filename="{step}", save_top_k=-1)
+    options = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, val_check_interval=2, num_sanity_val_steps=0,
+                         callbacks=[saves], **options)  # fmt: skip
+    trainer.fit(linear_classifier(), random_loader(4), random_loader(1))
+    mid, end = (torch.load(tmp_path / f"step={step}.ckpt", weights_only=False) for step in (2, 4))
+    assert mid["train_epoch_loss"]["images"] == 2 * 6 and mid["train_epoch_loss"]["epoch"] == 0
+    assert "train_epoch_loss" not in end
+
+
 def test_log_every_n_steps_0_logs_no_interval_and_still_the_epoch_mean() -> None:
     """Lightning takes ``trainer.log_every_n_steps 0`` as no step logging; the module's interval check divided by it."""
     torch.manual_seed(0)
