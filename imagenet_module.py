@@ -30,6 +30,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from callbacks.ranges import METRICS, app_range
+from callbacks.resumable_checkpoint import inside_the_epoch
 
 try:
     from typing_extensions import override
@@ -336,18 +337,12 @@ class ImageNetClassifier(pl.LightningModule):
         # its own; on one device the resumed epoch logs the uninterrupted run's mean. Not after the epoch's last batch:
         # the resumed run starts the next epoch, with Lightning's current_epoch not always moved on yet (max_steps).
         trainer = self._trainer
-        if trainer is not None and trainer.state.fn == "fit" and self._inside_an_epoch(trainer):
+        if trainer is not None and trainer.state.fn == "fit" and inside_the_epoch(trainer):
             checkpoint["train_epoch_loss"] = {
                 "epoch": self.current_epoch,
                 "sum": float(self._sums[3]),
                 "images": self._epoch_images,
             }
-
-    @staticmethod
-    def _inside_an_epoch(trainer: pl.Trainer) -> bool:
-        """Whether the epoch being trained has batches left (False for a loader without a length)."""
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        return done < trainer.num_training_batches != float("inf")
 
     @override
     def configure_model(self) -> None:

@@ -101,7 +101,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             # A micro-batch inside an accumulated step: the optimizer did not step, there is nothing to save. A stop
             # asked for here waits for the step's end, where there is (Lightning would stop now, with the step's
             # gradients half accumulated and no checkpoint of the epoch's progress).
-            if trainer.should_stop and self._inside_the_epoch(trainer):
+            if trainer.should_stop and inside_the_epoch(trainer):
                 trainer.should_stop, self._stop_after_the_step = False, True
             return
         if self._stop_after_the_step:
@@ -113,7 +113,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         if (
             self.monitor is None
             and stopping
-            and self._inside_the_epoch(trainer)
+            and inside_the_epoch(trainer)
             and not self._should_skip_saving_checkpoint(trainer)
         ):
             self._save_here(trainer)
@@ -152,7 +152,7 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._inside_the_epoch(trainer):
+        if inside_the_epoch(trainer):
             if self.monitor is None:
                 return  # the fit stopped before the epoch's last batch: not an epoch end to resume from (see above)
             if self._validated_step != trainer.global_step:
@@ -167,15 +167,15 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
 
-    @staticmethod
-    def _inside_the_epoch(trainer: pl.Trainer) -> bool:
-        """Whether the epoch's batches done so far (the current one included) are fewer than the epoch has (False for
-        a loader without a length: its epoch ends where it ends)."""
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        return done < trainer.num_training_batches != float("inf")
-
     @override
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         # Named on the timeline: a save runs after the step's range has closed, and copies the whole state to the host.
         with checkpoint_range():
             super()._save_checkpoint(trainer, filepath)
+
+
+def inside_the_epoch(trainer: pl.Trainer) -> bool:
+    """Whether the epoch's batches done so far (the current one included) are fewer than the epoch has (False for a
+    loader without a length: its epoch ends where it ends)."""
+    done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+    return done < trainer.num_training_batches != float("inf")
