@@ -490,11 +490,10 @@ class ProfilerWindow(Callback):
                 f"profile.torch_profiler is off, so nothing records this window{self._besides_report}; launch under "
                 "`nsys profile --capture-range=cudaProfilerApi ...` or `ncu --profile-from-start off ...`",
             )
-        if not self._profiling_here:
-            return
-        if self._cuda:
-            self._check(torch.cuda.cudart().cudaProfilerStart(), "cudaProfilerStart")
-        else:  # one warning on CPU: the Nsight advice above is for CUDA runs
+        # Every rank runs on the same kind of device: what CPU leaves out is said once for the run, by rank 0, whether
+        # or not it captures the window itself. The Nsight advice above is for CUDA runs.
+        nvtx_left_out = self.emit_nvtx and not self._cuda and not _torch_nvtx_available()
+        if trainer.global_rank == 0 and not self._cuda:
             self._warn_once(
                 "cpu",
                 f"profile: the run is on {trainer.strategy.root_device.type}, not CUDA: cudaProfilerStart/Stop are "
@@ -502,7 +501,7 @@ class ProfilerWindow(Callback):
                 "`nsys profile`) and the Kineto trace (profile.torch_profiler) still work"
                 + (f"; nothing records this window now{self._besides_report}" if uncaptured else ""),
             )
-        if self.emit_nvtx and not self._cuda and not _torch_nvtx_available():
+        if trainer.global_rank == 0 and nvtx_left_out:
             # torch's NVTX mode starts with a CUDA synchronize, which raises without a CUDA device (or a CUDA build).
             # The app's own ranges are the nvtx package's and need no GPU; the window goes on with them.
             self._warn_once(
@@ -510,7 +509,11 @@ class ProfilerWindow(Callback):
                 "profile.emit_nvtx: torch's per-op NVTX ranges need CUDA, which this machine does not have; the window "
                 "goes on without them (the step and phase ranges are unchanged)",
             )
-        elif self.emit_nvtx:
+        if not self._profiling_here:
+            return
+        if self._cuda:
+            self._check(torch.cuda.cudart().cudaProfilerStart(), "cudaProfilerStart")
+        if self.emit_nvtx and not nvtx_left_out:
             self._emit = torch.autograd.profiler.emit_nvtx(record_shapes=self.record_shapes)
             self._emit.__enter__()
         if self.torch_profiler:
