@@ -359,8 +359,9 @@ class ImageNetDataModule(pl.LightningDataModule):
             or ``pil`` (PIL images, as the original). On an H200 machine's 16 cores ``torchvision`` fed compiled
             ResNet-50 at 0.989 of synthetic data from a pre-resized copy, where ``pil`` reached 0.685 (README).
         on_bad_image: An image file that cannot be decoded (truncated, empty, not an image, unreadable): ``error``
-            stops the run with a message naming the file; ``skip`` replaces the sample with the next image that
-            loads, warns once per file and counts them (logged per epoch as ``train_bad_images``/``val_bad_images``).
+            stops the run with a message naming the file; ``skip`` replaces a training sample with the next image
+            that loads and leaves a validation image out of the metrics (each image that loads counts once), warns
+            once per file and counts them (logged per epoch as ``train_bad_images``/``val_bad_images``).
         seed: Seed of the training-order shuffle (epoch-dependent through ``set_epoch``) and of the generated data.
     """
 
@@ -571,7 +572,7 @@ class ImageNetDataModule(pl.LightningDataModule):
                 f"{self.batch_size} for each of {world} rank(s); lower data.batch_size (at most "
                 f"{max(len(images) // world, 1)} here) or add images"
             )
-        return BadImagePolicy(images, on_bad_image=self.hparams.on_bad_image)
+        return BadImagePolicy(images, on_bad_image=self.hparams.on_bad_image, evaluation=split == "val")
 
     @override
     def train_dataloader(self) -> Any:

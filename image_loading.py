@@ -340,6 +340,10 @@ def _sample_path(dataset: Any, index: int) -> str:
     return str(samples[index][0]) if samples is not None else f"sample {index}"
 
 
+IGNORED_TARGET = -1
+"""The target of a sample that stands in for a bad image in evaluation: left out of the loss and the accuracies."""
+
+
 class BadImagePolicy(Dataset):
     """Wraps a dataset of ``(image, target)`` samples (an ``ImageFolder``) and applies ``data.on_bad_image``.
 
@@ -354,11 +358,16 @@ class BadImagePolicy(Dataset):
             sample by the next index that loads (wrapping around at the end).
         max_consecutive: With ``skip``, how many bad files in a row are tolerated for one sample before the run
             stops anyway: that many neighbours failing means a broken dataset or storage, not a few bad files.
+        evaluation: With ``skip``, a replacement sample's target is :data:`IGNORED_TARGET`, which the metrics and
+            the loss leave out: evaluation scores the images that load, each once. The replacement keeps the batch
+            its size (one compiled shape) where dropping the sample would not; training keeps the neighbour's target.
 
     Other attributes (``classes``, ``samples``, ...) are those of ``dataset``.
     """
 
-    def __init__(self, dataset: Dataset, on_bad_image: OnBadImage = "error", max_consecutive: int = 10) -> None:
+    def __init__(
+        self, dataset: Dataset, on_bad_image: OnBadImage = "error", max_consecutive: int = 10, evaluation: bool = False
+    ) -> None:
         if on_bad_image not in ("error", "skip"):
             raise ValueError(f"data.on_bad_image must be 'error' or 'skip', got {on_bad_image!r}")
         if max_consecutive < 1:
@@ -366,6 +375,7 @@ class BadImagePolicy(Dataset):
         self.dataset = dataset
         self.on_bad_image = on_bad_image
         self.max_consecutive = max_consecutive
+        self.evaluation = evaluation
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -403,6 +413,8 @@ class BadImagePolicy(Dataset):
             except BadImageError as error:
                 bad.append((error.path or _sample_path(self.dataset, candidate), error.reason or str(error)))
                 continue
+            if bad and self.evaluation:
+                target = IGNORED_TARGET
             return image, target, tuple(bad)
         listed = "; ".join(f"{path}: {reason}" for path, reason in bad)
         raise BadImageError(
@@ -493,9 +505,10 @@ class BadImageCounter(LoaderProxy):
         for path, reason in bad:
             if path not in self.bad_files:
                 self.bad_files[path] = reason
+                what = "replaces it with the next image" if self.split == "train" else "leaves it out of the metrics"
                 warnings.warn(
                     f"data ({self.split}): skipping bad image {path}: {reason} "
-                    "(data.on_bad_image: skip replaces it with the next image; reported once per file)",
+                    f"(data.on_bad_image: skip {what}; reported once per file)",
                     BadImageWarning,
                     stacklevel=2,
                 )

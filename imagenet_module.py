@@ -26,11 +26,12 @@ import torch
 import torch.nn.functional as F
 import torchvision
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
-from torchmetrics import MeanMetric
+from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from callbacks.ranges import METRICS, app_range
 from callbacks.resumable_checkpoint import inside_the_epoch
+from image_loading import IGNORED_TARGET
 
 try:
     from typing_extensions import override
@@ -40,6 +41,30 @@ except ImportError:  # pragma: no cover
 
 #: Trainer precisions that run through Lightning's MixedPrecision plugin (autocast; GradScaler for 16-mixed).
 MIXED_PRECISIONS = ("16-mixed", "bf16-mixed")
+
+
+class WeightedMean(Metric):
+    """The weighted mean of the values seen, summed across ranks at ``compute``; no host sync in ``update``.
+
+    torchmetrics' ``MeanMetric`` drops the weights under ``nan_strategy="disable"`` (1.9: its NaN check, which would
+    sync with the host each step, is also where it keeps them).
+    """
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("weight", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    @override
+    def update(self, values: torch.Tensor, weights: torch.Tensor) -> None:
+        self.total += (values.double() * weights.double()).sum()
+        self.weight += weights.double().sum()
+
+    @override
+    def compute(self) -> torch.Tensor:
+        return (self.total / self.weight).float()
 
 
 def classification_archs() -> list[str]:
@@ -267,12 +292,14 @@ class ImageNetClassifier(pl.LightningModule):
         top_k = min(5, num_classes)
         # One metric object per stage: sharing one between val and test mixes their states. Argument validation and
         # the NaN check are off because each reads a value back to the host: a sync on every step.
-        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=False)
-        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro", validate_args=False)
-        self.val_loss = MeanMetric(nan_strategy="disable")
-        self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=False)
-        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro", validate_args=False)
-        self.test_loss = MeanMetric(nan_strategy="disable")
+        # A sample standing in for a bad image (data.on_bad_image: skip) carries IGNORED_TARGET: not scored.
+        accuracy = {"average": "micro", "validate_args": False, "ignore_index": IGNORED_TARGET}
+        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, **accuracy)
+        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, **accuracy)
+        self.val_loss = WeightedMean()
+        self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, **accuracy)
+        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, **accuracy)
+        self.test_loss = WeightedMean()
         # Kept out of the module tree (plain __dict__ entry): registering the compiled wrapper would put every weight
         # into the state_dict twice, under a second prefix.
         self.__dict__["_compiled"] = None
@@ -680,13 +707,14 @@ class ImageNetClassifier(pl.LightningModule):
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], prefix: str) -> None:
         images, targets = batch
         logits = self(images)
-        loss = self._loss(logits, targets)
+        # Per image, so that the last, smaller batch of a shard counts less (or the loss would depend on the batch size
+        # and on the number of ranks), and a sample standing in for a bad image counts not at all (weight 0, its loss
+        # 0): no host sync for either.
+        losses = F.cross_entropy(logits.float(), targets, reduction="none", ignore_index=IGNORED_TARGET)
         acc1, acc5, mean_loss = (getattr(self, f"{prefix}_{name}") for name in ("acc1", "acc5", "loss"))
         acc1.update(logits, targets)
         acc5.update(logits, targets)
-        # Weighted by the batch size through n copies of the batch mean (see training_step): the last, smaller batch
-        # of a shard must count less, or the loss depends on the batch size and on the number of ranks.
-        mean_loss.update(loss.detach().expand(targets.numel()))
+        mean_loss.update(losses.detach(), (targets != IGNORED_TARGET).to(losses.dtype))
         # Metric objects: Lightning calls compute() (one cross-rank sync) at epoch end, not per step.
         self.log(f"{prefix}_loss", mean_loss, on_step=False, on_epoch=True, prog_bar=True)
         self.log(f"{prefix}_acc1", acc1, on_step=False, on_epoch=True, prog_bar=True)

@@ -20,7 +20,7 @@ from PIL import Image
 from torch.utils.data import DistributedSampler
 
 from datamodule import ImageNetDataModule, ShardSampler, TrainSampler, check_layout, fast_collate, sample_seed
-from image_loading import SeededIndex
+from image_loading import IGNORED_TARGET, SeededIndex
 from prefetcher import DevicePrefetcher, SyntheticBatches
 from shapes_dataset import MANIFEST
 
@@ -100,6 +100,30 @@ def test_fast_collate_mismatched_sizes_error() -> None:
 
 
 # --- samplers ----------------------------------------------------------------------------------------------------
+def test_skip_scores_each_validation_image_that_loads_once(shapes_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "copy"
+    shutil.copytree(shapes_root, root)
+    classes = sorted(p.name for p in (root / "val").iterdir())
+    # The last file of a class: its replacement, the next class's first image, would have been scored twice and
+    # under that class.
+    bad = sorted((root / "val" / classes[0]).iterdir())[-1]
+    bad.write_bytes(b"junk")
+    dm = small_dm(root, batch_size=4, on_bad_image="skip")
+    dm.trainer = fake_trainer()
+    dm.setup("validate")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = list(dm.val_dataloader())
+    targets = torch.cat([t for _, t in batches]).tolist()
+    assert {len(t) for _, t in batches[:-1]} == {4}  # full batches: one compiled shape
+    assert targets.count(IGNORED_TARGET) == 1
+    scored = [t for t in targets if t != IGNORED_TARGET]
+    expected = [i for i, c in enumerate(classes) for _ in range(len(list((root / "val" / c).iterdir())))]
+    expected.remove(0)  # the bad image of class 0
+    assert sorted(scored) == expected
+    assert any("leaves it out of the metrics" in str(w.message) for w in caught)
+
+
 @pytest.mark.parametrize("length", [0, 1, 7, 60, 61])
 @pytest.mark.parametrize("replicas", [1, 2, 3, 8])
 def test_shard_sampler_covers_every_index_once_without_padding(length: int, replicas: int) -> None:

@@ -27,6 +27,7 @@ import image_loading
 from callbacks.bad_images import BadImageCount
 from datamodule import fast_collate
 from image_loading import (
+    IGNORED_TARGET,
     BadImageCollate,
     BadImageCounter,
     BadImageError,
@@ -406,6 +407,19 @@ def test_skip_policy_replaces_with_the_next_index_deterministically(folder_with_
     assert dataset[11][1] == 0  # the last index wraps around to the first
     assert dataset[4][1:] == (4, ())
     assert dataset.classes == ["only"]  # the wrapped dataset's attributes show through
+
+
+def test_skip_policy_in_evaluation_keeps_the_batch_size_and_scores_the_replacement_not_at_all(
+    folder_with_bad: tuple[Path, list[str]],
+) -> None:
+    root, bad = folder_with_bad
+    dataset = BadImagePolicy(tagged_folder(root), on_bad_image="skip", evaluation=True)
+    image, target, replaced = dataset[3]
+    # The next image stands in (one batch shape) but is not scored twice: its target says "ignore".
+    assert image.size == (16, 16) and target == IGNORED_TARGET and replaced == ((bad[0], "the file is empty"),)
+    assert dataset[4][1:] == (4, ())  # the neighbour itself is scored once, at its own index
+    targets = [dataset[i][1] for i in range(len(dataset))]
+    assert targets == [0, 1, 2, IGNORED_TARGET, 4, 5, 6, IGNORED_TARGET, 8, 9, 10, IGNORED_TARGET]
 
 
 def test_skip_policy_gives_up_on_a_run_of_bad_files(folder_with_bad: tuple[Path, list[str]]) -> None:

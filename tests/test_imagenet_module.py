@@ -17,6 +17,7 @@ from core_probes import QUIET, LRLog
 from torch.utils.data import DataLoader, TensorDataset
 
 from datamodule import ImageNetDataModule
+from image_loading import IGNORED_TARGET
 from imagenet_module import ImageNetClassifier, build_model, classification_archs, lr_multiplier
 
 SPE = 100  # steps per epoch of the schedule tests
@@ -478,6 +479,35 @@ def test_val_and_test_loss_weigh_every_sample_equally() -> None:
     (test,) = trainer.test(model, dataloaders=batches, verbose=False)
     assert val["val_loss"] == pytest.approx(expected, rel=1e-5)
     assert test["test_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_samples_standing_in_for_bad_images_are_left_out_of_every_metric() -> None:
+    """data.on_bad_image: skip gives an evaluation sample that replaced a bad image the target IGNORED_TARGET: the
+    loss and both accuracies are those of the other samples alone."""
+    torch.manual_seed(0)
+    model = ImageNetClassifier(arch="resnet18", num_classes=10).eval()
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randn(11, 3, 32, 32, generator=generator)
+    targets = torch.randint(0, 10, (11,), generator=generator)
+    with torch.no_grad():
+        logits = model(images)
+    ignored = torch.tensor([1, 4, 9])
+    targets[ignored] = logits[ignored].argmax(1)  # scored, these three would lift the accuracy
+    kept = torch.ones(11, dtype=torch.bool)
+    kept[ignored] = False
+    expected_acc1 = float((logits[kept].argmax(1) == targets[kept]).float().mean())
+    expected_loss = float(F.cross_entropy(logits[kept], targets[kept]))
+    assert expected_acc1 < float((logits.argmax(1) == targets).float().mean())  # the test can tell the two apart
+    marked = targets.clone()
+    marked[ignored] = IGNORED_TARGET
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    (val,) = trainer.validate(model, dataloaders=DataLoader(TensorDataset(images, marked), batch_size=4), verbose=False)
+    assert val["val_acc1"] == pytest.approx(expected_acc1)
+    assert val["val_loss"] == pytest.approx(expected_loss, rel=1e-5)
+    top5 = logits[kept].topk(5, dim=1).indices
+    assert val["val_acc5"] == pytest.approx(float((top5 == targets[kept, None]).any(1).float().mean()))
 
 
 def test_channels_last_model_and_forward() -> None:
