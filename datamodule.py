@@ -505,7 +505,7 @@ class ImageNetDataModule(pl.LightningDataModule):
                 f"train.py sets {cuda_env.CONNECTIONS} unless the environment sets it; set "
                 f"{cuda_env.MAX_CONNECTIONS}={cuda_env.CONNECTIONS} before CUDA starts (see cuda_env.py)"
             )
-        # JPEGs at least twice as large as any crop needs are decoded at a reduced size that loses nothing.
+        # JPEGs at least twice as large as any crop needs are decoded at a reduced size: no crop upsamples.
         draft = min_decode_side(h.crop_size, h.min_crop_scale, h.val_resize_size)
         pil_loader = ImageLoader(draft_min_side=draft)
         cpu_loader, normalize_free_train, normalize_free_val = cpu_decode.workers_pipeline(

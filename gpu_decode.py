@@ -10,8 +10,12 @@ per batch, :class:`PackedBatch`). The prefetcher then decodes the whole batch wi
 Files nvJPEG should not get (CMYK or YCCK JPEGs, PNGs named .JPEG, EXIF-rotated photos) are decoded by PIL in the worker
 as before and travel as uint8 pixels; the GPU stage treats both kinds alike from the crop on.
 
-Validation uses the same stage: ``Resize(s) + CenterCrop(c)`` equals cropping the centered square of side
-``short_side * c / s`` and resizing it to ``c``.
+Validation uses the same stage: ``Resize(s) + CenterCrop(c)`` is close to cropping the centered square of side
+``short_side * c / s`` and resizing it to ``c``, not equal: the box is rounded to whole source pixels (up to half a
+source pixel of offset and size), where torchvision rounds the resized image's size and the crop's offset. On smooth
+JPEGs of 100-640 px the two differ by 0.4-1.4 levels of 255 on average, 4-10 at most (a review's measurement, on the
+CPU through ``decode_batch(..., "cpu")``); ``data.decode: cpu`` and this path can so score a validation image
+slightly differently.
 
 **Splitting the decode between the workers and the GPU** (``data.cpu_decode_share``). On an H200 nvJPEG decodes on the
 JPEG engines (torchvision creates its hardware backend; an nsys trace shows only its colour conversion on the SMs, ~0.3
@@ -185,7 +189,8 @@ def decoded_on_cpu(path: str, share: float) -> bool:
 
 
 def center_box(height: int, width: int, resize: int, crop: int) -> tuple[int, int, int, int]:
-    """The box of the original image that ``Resize(resize)`` then ``CenterCrop(crop)`` keeps."""
+    """The box of the original image that ``Resize(resize)`` then ``CenterCrop(crop)`` keeps, rounded to whole pixels
+    (the module docstring says how far that is from torchvision's)."""
     side = min(height, width) * crop / resize
     box_h, box_w = min(height, round(side)), min(width, round(side))
     return (height - box_h) // 2, (width - box_w) // 2, box_h, box_w
