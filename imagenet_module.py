@@ -72,6 +72,10 @@ def classification_archs() -> list[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
+#: torchvision classifiers with auxiliary heads, built without them (``aux_logits=False``).
+AUX_HEAD_ARCHS = ("googlenet", "inception_v3")
+
+
 def build_model(arch: str, num_classes: int, weights: str | None = None) -> torch.nn.Module:
     """Builds ``arch`` with a ``num_classes``-way head, optionally loading a local torchvision ``state_dict`` file.
 
@@ -86,7 +90,13 @@ def build_model(arch: str, num_classes: int, weights: str | None = None) -> torc
         close = difflib.get_close_matches(arch, valid, n=3, cutoff=0.7)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise ValueError(f"model.arch: unknown architecture {arch!r}; {hint}valid: {', '.join(valid)}")
-    model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    options: dict[str, Any] = {}
+    if arch in AUX_HEAD_ARCHS:
+        # Built with their auxiliary heads, these return a namedtuple of three outputs in training; the original's
+        # recipe trains the main head alone (and refused inception_v3).
+        options["aux_logits"] = False
+        options["init_weights"] = True  # torchvision's initialization of these (its default, said in a FutureWarning)
+    model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes, **options)
     if weights:
         _load_weights(model, arch, num_classes, Path(weights))
     return model
@@ -190,8 +200,10 @@ def lr_multiplier(
 ) -> float:
     """The factor applied to the scaled base learning rate at optimizer step ``step`` (0-based).
 
-    Warmup is apex's: ``(1 + step) / (warmup_epochs * steps_per_epoch)`` while ``step`` is inside the warmup, so the
-    first step uses a small but non-zero rate and the last warmup step reaches the full rate.
+    Warmup is linear per step: ``(1 + step) / (warmup_epochs * steps_per_epoch)`` while ``step`` is inside the
+    warmup, so the first step uses a small but non-zero rate and the last warmup step reaches the full rate. apex's
+    main_amp.py computed ``(1 + i + epoch * steps_per_epoch)`` with its 1-based ``i``: one step ahead of this, from
+    twice this first rate to ``1 + 1 / warmup_steps`` of the full rate at its last warmup step.
     """
     epoch = step // steps_per_epoch
     warmup_steps = warmup_epochs * steps_per_epoch

@@ -510,6 +510,21 @@ def test_samples_standing_in_for_bad_images_are_left_out_of_every_metric() -> No
     assert val["val_acc5"] == pytest.approx(float((top5 == targets[kept, None]).any(1).float().mean()))
 
 
+@pytest.mark.parametrize("arch", ["googlenet", "inception_v3"])
+def test_archs_with_auxiliary_heads_train_on_their_main_head(arch: str) -> None:
+    """Built with their auxiliary heads, these returned a namedtuple in training: a crash at the first step."""
+    model = ImageNetClassifier(arch=arch, num_classes=4)
+    assert not model.model.aux_logits
+    images, targets = torch.randn(4, 3, 80, 80), torch.tensor([0, 1, 2, 3])
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0,
+    )  # fmt: skip
+    before = model.model.fc.weight.detach().clone()
+    trainer.fit(model, DataLoader(TensorDataset(images, targets), batch_size=2))
+    assert trainer.global_step == 1 and not torch.equal(model.model.fc.weight, before)
+
+
 def test_channels_last_model_and_forward() -> None:
     model = ImageNetClassifier(arch="resnet18", num_classes=10, channels_last=True)
     assert model.model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
