@@ -62,21 +62,55 @@ class MigrationError(ValueError):
     """A main_amp.py command line that train.py cannot run as asked; the message names the flag and the fix."""
 
 
+#: Flags of main_amp.py's relatives (DALI's and NVIDIA's ResNet-50 scripts, apex's older examples) that this command
+#: line does not take, and what does the job here.
+FOREIGN_FLAGS = {
+    "--dali_cpu": "there is no DALI here; the decode runs in the loader workers (--data.decode cpu, the default) or "
+    "with nvJPEG on the GPU (--data.decode gpu)",
+    "--dali-cpu": "there is no DALI here; the decode runs in the loader workers (--data.decode cpu, the default) or "
+    "with nvJPEG on the GPU (--data.decode gpu)",
+    "--fp16": "use --opt-level O1 (float16 mixed precision with dynamic loss scaling)",
+    "--amp": "use --opt-level O1 (float16 mixed precision with dynamic loss scaling)",
+    "--static-loss-scale": "use --opt-level O1: its loss scaling is dynamic (see --loss-scale)",
+    "--dynamic-loss-scale": "use --opt-level O1: its loss scaling is dynamic",
+    "--gpu": "the process layout comes from the launcher (torchrun); without one, --trainer.devices N",
+    "--world-size": "the process layout comes from the launcher (torchrun); without one, --trainer.devices N",
+    "--dist-url": "the process layout comes from the launcher (torchrun); without one, --trainer.devices N",
+}
+
+
 class _OriginalParser(argparse.ArgumentParser):
-    """argparse as the original used it; errors name train.py's compatibility mode."""
+    """argparse as the original used it; an error is one line that names train.py's compatibility mode and, for an
+    unknown flag, the nearest of the original's flags or what replaces a relative's flag."""
 
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
+        hints = []
+        if message.startswith("unrecognized arguments:"):
+            options = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+            for token in message.split(":", 1)[1].split():
+                name = token.split("=", 1)[0]
+                if not name.startswith("-"):
+                    continue
+                if name in FOREIGN_FLAGS:
+                    hints.append(f"{name}: {FOREIGN_FLAGS[name]}")
+                elif close := difflib.get_close_matches(name.replace("_", "-"), options, n=1, cutoff=0.6):
+                    hints.append(f"{name}: did you mean {close[0]}?")
+        said = f"{message} ({'; '.join(hints)})" if hints else message
         self.exit(
             2,
-            f"{self.prog}: error: {message}\n(train.py read this command line as apex main_amp.py's; "
-            "for its own options see `python train.py --help`)\n",
+            f"{self.prog}: error: {said}; train.py read this command line as apex main_amp.py's (`python train.py -h` "
+            "lists its flags, `python train.py fit --help` the app's own options)\n",
         )
 
 
-def _original_bool(value: str) -> bool:
-    """The original declared ``--channels-last`` with ``type=bool``: every non-empty string is True."""
-    return bool(value)
+def _original_bool(value: str) -> str:
+    """The original declared ``--channels-last`` with ``type=bool``: every non-empty string is True. Kept as the
+    string here, so that the translation can say what ``--channels-last False`` did."""
+    return value
+
+
+#: Values of ``--channels-last`` that look like "off" but turned it on in the original (its ``type=bool``).
+_FALSE_LOOKING = ("false", "0", "no", "off")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,12 +240,15 @@ class Translation:
         notes: One line per inexact mapping or decision the user should know about.
         legacy_checkpoint: The main_amp.py checkpoint to convert before the run, or ``None``.
         converted_checkpoint: Where its conversion goes (the ``--ckpt_path`` in ``argv``), or ``None``.
+        profile_from: ``--prof N``'s N for a training run, or ``None``: the window's first step counted from the start
+            of training or of the resumed run (see :func:`shift_profile_window`).
     """
 
     argv: list[str]
     notes: list[str] = field(default_factory=list)
     legacy_checkpoint: Path | None = None
     converted_checkpoint: Path | None = None
+    profile_from: int | None = None
 
 
 def _split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
@@ -433,8 +470,11 @@ def _precision(args: argparse.Namespace, notes: list[str]) -> list[str]:
     return ["--trainer.precision", precision]
 
 
-def _resume(args: argparse.Namespace, translation: Translation) -> list[str]:
-    """``--ckpt_path`` for ``--resume``: a Lightning checkpoint as is, a main_amp.py one after conversion."""
+def _resume(args: argparse.Namespace, translation: Translation, arch_typed: bool = True) -> list[str]:
+    """``--ckpt_path`` for ``--resume``: a Lightning checkpoint as is, a main_amp.py one after conversion.
+
+    ``arch_typed``: ``-a`` decides the architecture (else a config file does, which the conversion checks).
+    """
     notes = translation.notes
     if not args.resume:
         if args.start_epoch:
@@ -459,17 +499,31 @@ def _resume(args: argparse.Namespace, translation: Translation) -> list[str]:
     if legacy_checkpoint.is_lightning_checkpoint(path):
         return ["--ckpt_path", str(path)]
     if not legacy_checkpoint.is_legacy_checkpoint(path):
+        try:
+            legacy_checkpoint.load_raw(path)
+        except Exception as error:  # noqa: BLE001 - whatever torch.load says of the file, said as such
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise MigrationError(
+                f"--resume {path}: torch.load cannot read it ({reason}): not a checkpoint, or a torn one (main_amp.py "
+                "saved in place, so a run stopped while saving leaves a truncated file); resume from an earlier copy"
+            ) from None
         raise MigrationError(
             f"--resume {path}: neither a main_amp.py checkpoint (a dict with 'epoch', 'arch', 'state_dict', "
             "'best_prec1', 'optimizer') nor a Lightning checkpoint"
         )
     legacy = legacy_checkpoint.load_legacy(path, lazy=True)
     try:
-        legacy_checkpoint.check_arch(legacy, args.arch)
+        if arch_typed:
+            legacy_checkpoint.check_arch(legacy, args.arch)
     except legacy_checkpoint.CheckpointConversionError as error:
         raise MigrationError(f"--resume: {error}") from None
     converted = legacy_checkpoint.converted_path(path)
     translation.legacy_checkpoint, translation.converted_checkpoint = path, converted
+    if legacy.amp_state:
+        notes.append(
+            f"--resume {path}: its apex amp state (the loss scaler's scale) is not carried over; under 16-mixed "
+            "torch.amp.GradScaler starts again at 65536 and finds its scale within a few steps"
+        )
     best = "" if legacy.best_prec1 is None else f", best Prec@1 {legacy.best_prec1:.3f}"
     notes.append(
         f"--resume {path} (main_amp.py checkpoint: {legacy.arch or 'arch not recorded'}, {legacy.epoch} epochs done"
@@ -497,27 +551,31 @@ def translate_full(argv: Sequence[str], environ: Mapping[str, str] | None = None
     translation = Translation(argv=[])
     notes = translation.notes
     out = ["validate" if args.evaluate else "fit", *config_args]
-    out += [
-        "--data.root",
-        args.data,
-        "--data.workers",
-        str(args.workers),
-        "--data.batch_size",
-        str(args.batch_size),
-        "--model.arch",
-        args.arch,
-        "--model.lr",
-        repr(args.lr),
-        "--model.momentum",
-        repr(args.momentum),
-        "--model.weight_decay",
-        repr(args.weight_decay),
-        "--trainer.max_epochs",
-        str(args.epochs),
-        "--trainer.log_every_n_steps",
-        str(args.print_freq),
-    ]
-    out += _distributed(environ, notes)
+    # With a config file, main_amp.py's defaults and fixed recipe give way to the file: only the flags typed are
+    # translated over it. Without one, the original's defaults are its recipe and every one is pinned.
+    typed = _typed_flags(original) if config_args else None
+    values = {
+        "workers": ("--data.workers", str(args.workers)),
+        "batch_size": ("--data.batch_size", str(args.batch_size)),
+        "arch": ("--model.arch", args.arch),
+        "lr": ("--model.lr", repr(args.lr)),
+        "momentum": ("--model.momentum", repr(args.momentum)),
+        "weight_decay": ("--model.weight_decay", repr(args.weight_decay)),
+        "epochs": ("--trainer.max_epochs", str(args.epochs)),
+        "print_freq": ("--trainer.log_every_n_steps", str(args.print_freq)),
+    }
+    out += ["--data.root", args.data]
+    for dest, (key, value) in values.items():
+        if typed is None or dest in typed:
+            out += [key, value]
+    if typed is not None:
+        notes.append(
+            f"{' '.join(config_args)}: the file's values stand where no main_amp.py flag was typed; main_amp.py's "
+            "defaults and fixed recipe (batch 256, lr 0.1, 90 epochs, 5 warmup epochs, decay at 30/60/80, 224 px "
+            "crops) are not applied over it"
+        )
+    if typed is None or int(environ.get("WORLD_SIZE", "1") or 1) > 1:
+        out += _distributed(environ, notes)
     out += _precision(args, notes)
     if args.deterministic:
         out += ["--trainer.deterministic", "true"]
@@ -530,8 +588,14 @@ def translate_full(argv: Sequence[str], environ: Mapping[str, str] | None = None
         )
     if args.sync_bn:
         out += ["--trainer.sync_batchnorm", "true"]
-    if args.channels_last:
+    if args.channels_last:  # the original's type=bool: any non-empty string
         out += ["--model.channels_last", "true"]
+        if args.channels_last.lower() in _FALSE_LOOKING:
+            notes.append(
+                f"--channels-last {args.channels_last} -> --model.channels_last true: main_amp.py read the flag with "
+                "type=bool, which makes every non-empty value True, so this turned channels_last ON there too; for "
+                "NCHW leave the flag out"
+            )
     if args.pretrained:
         weights = pretrained_weights_path(args.arch)
         out += ["--model.weights", str(weights)]
@@ -548,20 +612,32 @@ def translate_full(argv: Sequence[str], environ: Mapping[str, str] | None = None
                 "--profile.exit_after",
                 "true",
             ]
+            translation.profile_from = args.prof
+            if args.prof == 0:
+                original_did = (
+                    "The original never called cudaProfilerStart with --prof 0 (its 1-based iteration counter passed "
+                    "0 before the first check), so a --capture-range=cudaProfilerApi capture of it was empty, and it "
+                    f"quit after iteration {_PROFILE_STEPS}"
+                )
+            else:
+                original_did = (
+                    f"The original started cudaProfilerStart at its 1-based iteration {args.prof} and quit after "
+                    f"iteration {args.prof + _PROFILE_STEPS} (11 iterations, each rank on its own); for exactly those "
+                    f"use --profile.start_step {args.prof - 1} --profile.num_steps 11"
+                )
             notes.append(
                 f"--prof {args.prof} -> profile window over optimizer steps {args.prof}.."
                 f"{args.prof + _PROFILE_STEPS - 1} (0-based), then every rank stops at the same step and the "
-                "process exits 0. The original "
-                f"started cudaProfilerStart at its 1-based iteration {args.prof} and quit after iteration "
-                f"{args.prof + _PROFILE_STEPS} (11 iterations, each rank on its own); for exactly those use "
-                f"--profile.start_step {max(args.prof - 1, 0)} --profile.num_steps 11. The steps count from the run's "
-                "start, not from each epoch's as the original's did: with --resume, a window before the resumed step "
-                "is refused. nvprof does not support compute capability >= 8.0 (A100, H100, H200): use nsys profile "
-                "--capture-range=cudaProfilerApi"
+                f"process exits 0. {original_did}. With --resume the steps count from the resumed step, as the "
+                "original's counted from the resumed epoch's start. nvprof does not support compute capability >= "
+                "8.0 (A100, H100, H200): use nsys profile --capture-range=cudaProfilerApi"
             )
-    out += recipe_overrides(args.epochs)
+    if typed is None:
+        out += recipe_overrides(args.epochs)
     out += passthrough
-    out += _resume(args, translation)
+    out += _resume(args, translation, arch_typed=typed is None or "arch" in typed)
+    if translation.profile_from is not None and translation.legacy_checkpoint is None and "--ckpt_path" in out:
+        out = shift_profile_window(out, _resumed_step(Path(out[out.index("--ckpt_path") + 1])), translation)
     if args.evaluate:
         notes.append(
             "-e/--evaluate -> validate: val_acc1/val_acc5 are fractions (0.7613), the original printed percent"
@@ -573,6 +649,41 @@ def translate_full(argv: Sequence[str], environ: Mapping[str, str] | None = None
         )
     translation.argv = out
     return translation
+
+
+def _typed_flags(original: Sequence[str]) -> set[str]:
+    """The destinations of the main_amp.py flags ``original`` names (defaults left out)."""
+    parser = build_parser()
+    for action in parser._actions:
+        if action.option_strings:
+            action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(original)))
+
+
+def _resumed_step(checkpoint: Path) -> int:
+    """The optimizer step a Lightning checkpoint resumes at."""
+    try:
+        return int(legacy_checkpoint.load_raw(checkpoint).get("global_step", 0))
+    except Exception as error:  # noqa: BLE001 - read just before by the resume check; said if it fails now
+        raise MigrationError(f"--resume {checkpoint}: cannot read its step for --prof ({error})") from None
+
+
+def shift_profile_window(argv: list[str], resumed_step: int, translation: Translation) -> list[str]:
+    """``argv`` with ``--prof N``'s window moved to N steps after ``resumed_step``, where a resumed run starts.
+
+    The original counted ``--prof`` iterations from the start of each epoch it ran: after ``--resume``, from the
+    resumed epoch's first step. A note says where the window went.
+    """
+    if translation.profile_from is None or not resumed_step:
+        return argv
+    start = resumed_step + translation.profile_from
+    shifted = list(argv)
+    shifted[shifted.index("--profile.start_step") + 1] = str(start)
+    translation.notes.append(
+        f"--prof {translation.profile_from} with --resume -> --profile.start_step {start}: {translation.profile_from} "
+        f"steps after the resumed step {resumed_step}"
+    )
+    return shifted
 
 
 def translate(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
@@ -635,9 +746,13 @@ def migrate(argv: Sequence[str], environ: Mapping[str, str] | None = None, strea
                 print(f"  note: {note}", file=stream)
             stream.flush()
         if translation.legacy_checkpoint is not None:
-            legacy_checkpoint.convert(
+            converted = legacy_checkpoint.convert(
                 translation.legacy_checkpoint, translation.argv, translation.converted_checkpoint, environ=environ
             )
+            shifted = shift_profile_window(translation.argv, _resumed_step(converted), translation)
+            if shifted != translation.argv and _is_rank_zero(environ):
+                print(f"  note: {translation.notes[-1]}", file=stream, flush=True)
+            translation.argv = shifted
     except (MigrationError, legacy_checkpoint.CheckpointConversionError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         raise SystemExit(2) from error

@@ -83,6 +83,7 @@ class LegacyCheckpoint:
         state_dict: The torchvision model's weights, ``module.`` prefixes removed.
         best_prec1: Best top-1 validation accuracy in percent so far, or ``None``.
         optimizer: The SGD ``state_dict``, or ``None`` when the file has none.
+        amp_state: The file has apex amp's state (``'amp'``: the loss scalers), which is not carried over.
     """
 
     path: Path
@@ -91,6 +92,7 @@ class LegacyCheckpoint:
     state_dict: dict[str, torch.Tensor]
     best_prec1: float | None
     optimizer: dict[str, Any] | None
+    amp_state: bool = False
 
 
 # --- reading --------------------------------------------------------------------------------------------
@@ -111,6 +113,11 @@ def _torch_load(path: Path, lazy: bool = False) -> Any:
         raise
     except Exception:  # noqa: BLE001 - UnpicklingError and friends: objects beyond tensors and containers
         return torch.load(path, weights_only=False, **kwargs)
+
+
+def load_raw(path: str | os.PathLike) -> Any:
+    """The file's object as ``torch.load`` reads it (tensors memory-mapped); raises what ``torch.load`` raises."""
+    return _torch_load(Path(path), lazy=True)
 
 
 def _looks_legacy(obj: Any) -> bool:
@@ -200,6 +207,7 @@ def load_legacy(path: str | os.PathLike, lazy: bool = False) -> LegacyCheckpoint
         state_dict=state,
         best_prec1=None if best is None else float(best),
         optimizer=optimizer,
+        amp_state=obj.get("amp") is not None,
     )
 
 

@@ -6,6 +6,7 @@ End-to-end tests run what train.py's ``main`` does with such a command line: ``t
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import shlex
@@ -253,6 +254,71 @@ def test_passthrough_order_and_config_first() -> None:
     assert argv[:3] == ["fit", "--config", "my.yaml"]  # under the translated flags
     assert argv[-1] == "--trainer.accelerator=cpu"  # over them
     assert options(argv)["--data.batch_size"] == "2"  # -b2: a short flag with its value attached, last one wins
+
+
+def test_with_a_config_file_only_the_flags_typed_are_translated_over_it() -> None:
+    # main_amp.py's defaults (batch 256, 90 epochs, lr 0.1, ...) and its fixed recipe replaced the file's values, and
+    # the file's warmup and milestones stayed: a recipe neither of them.
+    argv, notes = apex_compat.translate(shlex.split("-a resnet18 --b 8 --opt-level O1 ./ --config my.yaml"), {})
+    opts = options(argv)
+    assert opts["--data.batch_size"] == "8" and opts["--model.arch"] == "resnet18" and opts["--data.root"] == "./"
+    assert opts["--trainer.precision"] == "16-mixed"
+    for key in ("--data.workers", "--model.lr", "--trainer.max_epochs", "--trainer.log_every_n_steps",
+                "--model.weight_decay", "--trainer.devices", "--model.warmup_epochs", "--data.crop_size"):  # fmt: skip
+        assert key not in opts, key
+    assert any(note.startswith("--config my.yaml: the file's values stand") for note in notes)
+    # Under a launcher the process layout is still the launcher's.
+    argv, _ = apex_compat.translate(["./", "--config", "my.yaml"], {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+    assert options(argv)["--trainer.devices"] == "2" and options(argv)["--trainer.strategy"] == "ddp"
+    # Without a config every default is pinned, as before.
+    assert options(apex_compat.translate(["./"], {})[0])["--trainer.max_epochs"] == "90"
+
+
+def test_a_config_file_with_main_amp_flags_parses_to_the_files_values(tmp_path: Path) -> None:
+    config = tmp_path / "cfg.yaml"
+    config.write_text("data:\n  workers: 8\nmodel:\n  warmup_epochs: 1\ntrainer:\n  max_epochs: 7\n")
+    argv, _ = apex_compat.translate(["--b", "16", "./", "--config", str(config)], {})
+
+    class ParseOnly(train.ImageNetCLI):
+        def instantiate_classes(self) -> None:  # parse, do not build
+            pass
+
+    cli = ParseOnly(train.ImageNetClassifier, train.ImageNetDataModule, args=argv[1:], run=False)
+    assert cli.config.data.workers == 8 and cli.config.trainer.max_epochs == 7 and cli.config.model.warmup_epochs == 1
+    assert cli.config.data.batch_size == 16
+
+
+def test_channels_last_false_turns_it_on_as_in_the_original_and_says_so() -> None:
+    for value in ("False", "0", "off"):
+        argv, notes = apex_compat.translate(["--channels-last", value, "./"], {})
+        assert options(argv)["--model.channels_last"] == "true"
+        assert any(note.startswith(f"--channels-last {value} -> --model.channels_last true") for note in notes)
+    argv, notes = apex_compat.translate(["--channels-last", "True", "./"], {})
+    assert options(argv)["--model.channels_last"] == "true" and not any("type=bool" in note for note in notes)
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        ("--dali_cpu ./", "--dali_cpu: there is no DALI here"),
+        ("--fp16 ./", "--fp16: use --opt-level O1"),
+        ("--opt_level O1 ./", "--opt_level: did you mean --opt-level?"),
+        ("--sync-bn ./", "--sync-bn: did you mean --sync_bn?"),
+    ],
+)
+def test_an_unknown_flag_is_one_line_with_what_to_use(flags: str, said: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        apex_compat.translate(shlex.split(flags), environ={})
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and said in err
+    assert err.count("\n") == 1 and err.startswith("train.py: error: unrecognized arguments:"), err
+
+
+def test_prof_0_says_the_original_captured_nothing() -> None:
+    _, notes = apex_compat.translate(["--prof", "0", "./"], {})
+    (note,) = [n for n in notes if n.startswith("--prof")]
+    assert "never called cudaProfilerStart with --prof 0" in note and "quit after iteration 10" in note
+    assert "--profile.start_step -1" not in note
 
 
 def test_every_section_of_the_cli_passes_through() -> None:
@@ -566,7 +632,7 @@ def test_an_edited_config_or_another_data_folder_converts_anew(
     write_legacy(source, epoch=2)
     config.write_text("trainer:\n  limit_train_batches: 2\n")
     argv, _ = apex_compat.translate(
-        ["--config", str(config), "-b", "8", "-j", "0", "--resume", str(source), "d", *CPU], {}
+        ["--config", str(config), "-a", "resnet18", "-b", "8", "-j", "0", "--resume", str(source), "d", *CPU], {}
     )
     monkeypatch.chdir(data_root.parent)  # the data folder "d", relative
     out = legacy_checkpoint.convert(source, argv, environ={})
@@ -617,9 +683,47 @@ def test_resume_variants(tmp_path: Path) -> None:
     torch.save({"pytorch-lightning_version": "2.6.6", "state_dict": {}, "epoch": 3}, tmp_path / "last.ckpt")
     argv, _ = apex_compat.translate(["--resume", str(tmp_path / "last.ckpt"), "./"], environ={})
     assert options(argv)["--ckpt_path"] == str(tmp_path / "last.ckpt")  # a Lightning checkpoint as is
-    (tmp_path / "junk.pth.tar").write_text("x")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pth.tar")
     with pytest.raises(apex_compat.MigrationError, match="neither a main_amp.py checkpoint"):
-        apex_compat.translate(["--resume", str(tmp_path / "junk.pth.tar"), "./"], environ={})
+        apex_compat.translate(["--resume", str(tmp_path / "other.pth.tar"), "./"], environ={})
+    # A save cut short (main_amp.py saved in place) is said as such, not as a file of the wrong format.
+    write_legacy(tmp_path / "whole.pth.tar")
+    whole = (tmp_path / "whole.pth.tar").read_bytes()
+    (tmp_path / "torn.pth.tar").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "junk.pth.tar").write_text("x")
+    for name in ("torn.pth.tar", "junk.pth.tar"):
+        with pytest.raises(apex_compat.MigrationError, match=r"torch.load cannot read it \(.+\): not a checkpoint, or a torn"):
+            apex_compat.translate(["--resume", str(tmp_path / name), "./"], environ={})
+
+
+def test_prof_with_resume_counts_from_the_resumed_step(tmp_path: Path) -> None:
+    # The original counted --prof iterations from the resumed epoch's start; refused before ("a window before the
+    # resumed step"), naming a key the user never typed.
+    torch.save({"pytorch-lightning_version": "2.6.6", "state_dict": {}, "global_step": 50}, tmp_path / "last.ckpt")
+    argv, notes = apex_compat.translate(["--prof", "5", "--resume", str(tmp_path / "last.ckpt"), "./"], {})
+    assert options(argv)["--profile.start_step"] == "55"
+    assert any(note.startswith("--prof 5 with --resume -> --profile.start_step 55") for note in notes)
+    argv, _ = apex_compat.translate(["--prof", "5", "./"], {})
+    assert options(argv)["--profile.start_step"] == "5"
+
+
+def test_prof_with_a_main_amp_resume_counts_from_its_converted_step(
+    tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    source = tmp_path / "checkpoint.pth.tar"
+    write_legacy(source, epoch=2)
+    state = torch.load(source, weights_only=True)
+    state["amp"] = {"loss_scaler0": {"loss_scale": 65536.0, "unskipped": 17}}  # apex's recommended addition
+    torch.save(state, source)
+    stream = io.StringIO()
+    argv = apex_compat.migrate(
+        ["--prof", "3", "-b", "8", "-j", "0", "--resume", str(source), str(data_root), *CPU], {}, stream
+    )
+    assert options(argv)["--profile.start_step"] == "13"  # 2 epochs of 5 steps, then 3 more
+    said = stream.getvalue()
+    assert "--prof 3 with --resume -> --profile.start_step 13" in said
+    assert "its apex amp state (the loss scaler's scale) is not carried over" in said
 
 
 def test_prof_runs_its_window_and_stops(tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
