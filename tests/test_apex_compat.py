@@ -691,8 +691,9 @@ def test_resume_variants(tmp_path: Path) -> None:
     whole = (tmp_path / "whole.pth.tar").read_bytes()
     (tmp_path / "torn.pth.tar").write_bytes(whole[: len(whole) // 2])
     (tmp_path / "junk.pth.tar").write_text("x")
+    said = r"torch.load cannot read it \(.+\): not a checkpoint, or a torn"
     for name in ("torn.pth.tar", "junk.pth.tar"):
-        with pytest.raises(apex_compat.MigrationError, match=r"torch.load cannot read it \(.+\): not a checkpoint, or a torn"):
+        with pytest.raises(apex_compat.MigrationError, match=said):
             apex_compat.translate(["--resume", str(tmp_path / name), "./"], environ={})
 
 
