@@ -32,6 +32,11 @@ Both are no-ops in a run that was not resumed.
 ``train.py`` uses this class for ``--checkpoint.*`` and
 ``--last_checkpoint.*``; every other argument is ``ModelCheckpoint``'s.
 
+5. **The unmonitored checkpoint is saved at every epoch end.** ``ModelCheckpoint`` saves after a validation when the
+   run has one and at epoch ends only when it has none, so with ``check_val_every_n_epoch`` > 1 ``last.ckpt`` fell up
+   to that many epochs minus one behind (a run's last epochs were in no file). Here an epoch end without a validation
+   saves the unmonitored checkpoint (every ``every_n_epochs``); the monitored one has no new score there.
+
 4. **Its state key is computed once.** Lightning names every callback hook call by the callback's ``state_key``, which
    ``ModelCheckpoint`` formats anew from its arguments each time: six hooks a step, for each of the two checkpoint
    callbacks, about 14 us of host time per step on a 2-core CPU (1.2 us an access). The arguments it is made
@@ -159,6 +164,20 @@ class ResumableCheckpoint(ModelCheckpoint):
                 # No validation at this stop (exit_after skips it, max_steps runs none): the metric at hand is an
                 # earlier validation's, and would name and rank these weights by a score they never had.
                 return
+        if (
+            self.monitor is None
+            and self._validated_step != trainer.global_step
+            and not self._should_save_on_train_epoch_end(trainer)
+            and not self._should_skip_saving_checkpoint(trainer)
+            and self._every_n_epochs >= 1
+            and (trainer.current_epoch + 1) % self._every_n_epochs == 0
+        ):
+            # ModelCheckpoint saves after validation when it runs, at epoch ends only when validation never runs; with
+            # check_val_every_n_epoch > 1 (or a val_check_interval in steps) the epochs between validations ended
+            # unsaved: last.ckpt stayed up to N - 1 epochs behind, and a run's last epochs were lost with it. This
+            # epoch's end had no validation (it runs before this hook), so it is saved here. (5.)
+            self._save_here(trainer)
+            return
         super().on_train_epoch_end(trainer, pl_module)
 
     def _save_here(self, trainer: pl.Trainer) -> None:

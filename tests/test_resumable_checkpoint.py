@@ -106,6 +106,18 @@ def _fit_with_last(
     return trainer, saves
 
 
+@pytest.mark.parametrize("every", [2, 3])
+def test_last_is_saved_at_every_epoch_end_also_between_validations(tmp_path: Path, every: int) -> None:
+    # Lightning alone saved it after validations only: with validation every 2 epochs of 3, the last epoch was lost.
+    trainer, saves = _fit_with_last(
+        tmp_path, None, limit_train_batches=BATCHES, max_epochs=3, check_val_every_n_epoch=every
+    )
+    assert saves.saves == [(BATCHES * epoch, BATCHES) for epoch in (1, 2, 3)]  # one save per epoch end
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 3 * BATCHES
+    resumed, _ = _fit_with_last(tmp_path, tmp_path / "last.ckpt", limit_train_batches=BATCHES, max_epochs=4)
+    assert resumed.global_step == 4 * BATCHES  # the epoch end resumes as one: the next epoch, whole
+
+
 class _StopAt(Callback):
     """Stops the fit at the end of optimizer step ``step`` (1-based), as the profiler window's exit_after does."""
 
