@@ -197,8 +197,11 @@ def lr_multiplier(
     milestones: list[int],
     gamma: float,
     max_epochs: int,
+    total_steps: int | None = None,
 ) -> float:
     """The factor applied to the scaled base learning rate at optimizer step ``step`` (0-based).
+
+    The cosine schedule reaches zero at ``total_steps`` when given, else after ``max_epochs`` epochs.
 
     Warmup is linear per step: ``(1 + step) / (warmup_epochs * steps_per_epoch)`` while ``step`` is inside the
     warmup, so the first step uses a small but non-zero rate and the last warmup step reaches the full rate. apex's
@@ -208,7 +211,8 @@ def lr_multiplier(
     epoch = step // steps_per_epoch
     warmup_steps = warmup_epochs * steps_per_epoch
     if schedule == "cosine":
-        total = max(max_epochs * steps_per_epoch - warmup_steps, 1)
+        end = total_steps if total_steps is not None else max_epochs * steps_per_epoch
+        total = max(end - warmup_steps, 1)
         progress = min(max(step - warmup_steps, 0) / total, 1.0)
         factor = 0.5 * (1.0 + math.cos(math.pi * progress))
     else:
@@ -231,8 +235,8 @@ class ImageNetClassifier(pl.LightningModule):
         weight_decay: SGD weight decay (L2), applied to all parameters as in the original.
         nesterov: Use Nesterov momentum.
         warmup_epochs: Epochs of linear per-step warmup (0 disables it).
-        lr_schedule: ``step`` (multiply by ``lr_gamma`` at each of ``lr_milestones``) or ``cosine`` (to zero at
-            ``trainer.max_epochs``).
+        lr_schedule: ``step`` (multiply by ``lr_gamma`` at each of ``lr_milestones``) or ``cosine`` (to zero at the
+            end of training: ``trainer.max_epochs`` or ``trainer.max_steps``, whichever comes first).
         lr_milestones: Epochs at which the step schedule decays.
         lr_gamma: Decay factor of the step schedule.
         label_smoothing: Label smoothing of the cross-entropy loss.
@@ -451,14 +455,29 @@ class ImageNetClassifier(pl.LightningModule):
             fused=True if fused else None,  # not False: with an explicit False torch runs its per-tensor loop
         )
         steps_per_epoch = self._steps_per_epoch = self.steps_per_epoch()
-        max_epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 90
+        total_steps = self._cosine_end(steps_per_epoch) if h.lr_schedule == "cosine" else None
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
             lambda step: lr_multiplier(
-                step, steps_per_epoch, h.warmup_epochs, h.lr_schedule, list(h.lr_milestones), h.lr_gamma, max_epochs
+                step, steps_per_epoch, h.warmup_epochs, h.lr_schedule, list(h.lr_milestones), h.lr_gamma, 0,
+                total_steps,
             ),
-        )
+        )  # fmt: skip
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}
+
+    def _cosine_end(self, steps_per_epoch: int) -> int:
+        """The optimizer step at which the cosine schedule reaches zero: the end of training, whichever of
+        ``trainer.max_epochs`` and ``trainer.max_steps`` comes first (a steps-bounded run annealed over 90 epochs
+        before, its rate all but flat)."""
+        trainer = self.trainer
+        ends = [trainer.max_epochs * steps_per_epoch] if trainer.max_epochs and trainer.max_epochs > 0 else []
+        ends += [trainer.max_steps] if trainer.max_steps and trainer.max_steps > 0 else []
+        if not ends:
+            raise ValueError(
+                "model.lr_schedule cosine anneals to zero at the end of training, and this run has none: set "
+                "trainer.max_epochs or trainer.max_steps"
+            )
+        return min(ends)
 
     def _fused_sgd(self) -> bool:
         """Whether this run's SGD is fused (``fused_sgd``, resolved for the device, precision and clipping)."""

@@ -73,6 +73,37 @@ def test_cosine_schedule() -> None:
     assert lr_multiplier(45 * SPE, SPE, 0, "cosine", [], 0.1, 90) == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize(("max_epochs", "max_steps", "end"), [(None, 6, 6), (1, 6, 4), (3, -1, 12)])
+def test_cosine_anneals_to_zero_at_the_end_of_training(max_epochs: int | None, max_steps: int, end: int) -> None:
+    # A run bounded by max_steps alone annealed over 90 epochs: its rate all but flat.
+    model = ImageNetClassifier(arch="resnet18", num_classes=4, lr_schedule="cosine", warmup_epochs=0, batch_size=2)
+    data = DataLoader(TensorDataset(torch.randn(8, 3, 32, 32), torch.tensor([0, 1, 2, 3] * 2)), batch_size=2)
+    rates = []
+
+    class Rates(pl.Callback):
+        def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
+            rates.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=max_epochs, max_steps=max_steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[Rates()],
+    )  # fmt: skip
+    trainer.fit(model, data)
+    base = 0.1 * 2 / 256
+    assert trainer.global_step == end and len(rates) == end
+    expected = [base * 0.5 * (1 + math.cos(math.pi * step / end)) for step in range(end)]
+    assert rates == pytest.approx(expected)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)  # zero at the end
+
+
+def test_cosine_without_an_end_of_training_is_refused() -> None:
+    model = ImageNetClassifier(arch="resnet18", num_classes=4, lr_schedule="cosine", batch_size=2)
+    data = DataLoader(TensorDataset(torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])), batch_size=2)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=-1, logger=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match="set trainer.max_epochs or trainer.max_steps"):
+        trainer.fit(model, data)
+
+
 # --- learning-rate scaling and configure_optimizers --------------------------------------------------------------
 def mocked_trainer(
     world_size: int,
