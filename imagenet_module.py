@@ -328,6 +328,8 @@ class ImageNetClassifier(pl.LightningModule):
         self._job_start: tuple[float, int] | None = None  # (time, step) where the job's speed is counted from
         self._interval_start: float | None = None
         self._interval_step = 0
+        self._paused_at: float | None = None  # when the clocks above stopped for a validation or an epoch's end
+        self._paused_for = ""
         self._last_global_step = -1
         # The LR schedule's units: this run's optimizer steps per epoch (set in configure_optimizers), the restored
         # checkpoint's (None: no checkpoint, or one from before they were saved), and whether this run maps the
@@ -524,7 +526,7 @@ class ImageNetClassifier(pl.LightningModule):
         self._warn_of_a_schedule_past_the_end()
         # The log interval starts at the end of this fit's first optimizer step (the first step is warm-up: cudnn
         # benchmarking, compilation); with gradient accumulation that is after its last micro-batch, not its first.
-        self._last_global_step, self._interval_start = self.global_step, None
+        self._last_global_step, self._interval_start, self._paused_at = self.global_step, None, None
 
     def _warn_of_a_schedule_past_the_end(self) -> None:
         """Says when a run of ``trainer.max_epochs`` ends before a milestone of its LR recipe (the 90-epoch recipe's,
@@ -654,8 +656,7 @@ class ImageNetClassifier(pl.LightningModule):
             self._epoch_images += n
         return loss
 
-    @override
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def _log_step(self, batch_idx: int) -> None:
         step = self.global_step
         if step == self._last_global_step:
             return  # still accumulating gradients: no optimizer step yet
@@ -675,6 +676,14 @@ class ImageNetClassifier(pl.LightningModule):
         # Named on the timeline: the step's range has closed (callbacks run first), and this is the interval's sync.
         with app_range(METRICS):
             self._log_interval(step, batch_idx)
+
+    @override
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._log_step(batch_idx)
+        if not inside_the_epoch(self.trainer):
+            # The epoch's last step: from here to the next epoch's start (its validation, its end's checkpoints, which
+            # Lightning runs after this hook) is not training.
+            self._pause_clocks("epoch end")
 
     def _log_interval(self, step: int, batch_idx: int) -> None:
         """The interval's metrics, reduced over every rank (its one host sync), logged and printed; the sums reset."""
@@ -714,8 +723,34 @@ class ImageNetClassifier(pl.LightningModule):
             totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
         return totals
 
+    # The interval's and the job's clocks stop for a validation and over an epoch's end (its checkpoints included), as
+    # the original's timer did (restarted at each train() call): train_img_s and the print-freq line are training
+    # speed, not the first interval after a validation charged with all of it. The next epoch's first batch counts.
+    def _pause_clocks(self, reason: str) -> None:
+        if self._interval_start is not None and self._paused_at is None and not self.trainer.sanity_checking:
+            self._paused_at, self._paused_for = time.perf_counter(), reason
+
+    def _resume_clocks(self, reason: str) -> None:
+        if self._paused_at is None or self._paused_for != reason:
+            return
+        paused = time.perf_counter() - self._paused_at
+        self._paused_at = None
+        if self._interval_start is not None and self._job_start is not None:
+            self._interval_start += paused
+            self._job_start = (self._job_start[0] + paused, self._job_start[1])
+
+    @override
+    def on_validation_start(self) -> None:
+        self._pause_clocks("validation")
+
+    @override
+    def on_validation_end(self) -> None:
+        # After the callbacks' on_validation_end (Lightning calls the module's last): the checkpoints saved there too.
+        self._resume_clocks("validation")
+
     @override
     def on_train_epoch_start(self) -> None:
+        self._resume_clocks("epoch end")
         self._sums[3:].zero_()
         self._epoch_images = 0
 

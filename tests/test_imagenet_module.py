@@ -7,6 +7,7 @@ import re
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import pytorch_lightning as pl
@@ -16,6 +17,7 @@ import torchvision
 from core_probes import QUIET, LRLog
 from torch.utils.data import DataLoader, TensorDataset
 
+import imagenet_module
 from datamodule import ImageNetDataModule
 from image_loading import IGNORED_TARGET
 from imagenet_module import ImageNetClassifier, build_model, classification_archs, lr_multiplier
@@ -758,6 +760,50 @@ def test_logged_interval_and_epoch_metrics_are_means_over_their_images(accumulat
     assert epochs == pytest.approx([means(range(0, 4))["train_loss"], means(range(4, 8))["train_loss"]], rel=1e-6)
     # Under DDP, Lightning sums each rank's mean times this weight and the weights: the mean over every rank's images.
     assert [(o["sync_dist"], o["batch_size"]) for o in epoch_options] == [(True, batches * batch)] * 2
+
+
+class _FakeClock:
+    """``time`` for imagenet_module: ``perf_counter`` moves only when a test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_the_interval_speed_leaves_out_validation_and_the_epoch_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """train_img_s (and the print-freq line) count training only: a validation, and an epoch end with its
+    checkpoints, stop the clocks; the first interval after them was charged with all of it."""
+    clock = _FakeClock()
+    monkeypatch.setattr(imagenet_module, "time", clock)
+    batch = 4
+
+    class Timed(ImageNetClassifier):
+        def training_step(self, batch_: Any, batch_idx: int) -> torch.Tensor:
+            clock.now += 1.0  # each training step takes one second
+            return super().training_step(batch_, batch_idx)
+
+        def validation_step(self, batch_: Any, batch_idx: int) -> None:
+            clock.now += 100.0  # each validation batch takes 100
+            super().validation_step(batch_, batch_idx)
+
+    class SlowEpochEnd(pl.Callback):
+        def on_train_epoch_end(self, *args: object) -> None:
+            clock.now += 50.0  # an epoch-end checkpoint
+
+    model = Timed(arch="resnet18", num_classes=4, batch_size=batch, warmup_epochs=0)
+    logged: list[float] = []
+    model.log_dict = lambda metrics, **_: logged.append(metrics["train_img_s"])
+    data = DataLoader(TensorDataset(torch.randn(16, 3, 32, 32), torch.tensor([0, 1, 2, 3] * 4)), batch_size=batch)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=3, log_every_n_steps=2, val_check_interval=2, num_sanity_val_steps=1,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=1, callbacks=[SlowEpochEnd()],
+    )  # fmt: skip
+    trainer.fit(model, data, data)
+    assert len(logged) == 6  # steps 2, 4, ..., 12
+    assert logged == [pytest.approx(batch / 1.0)] * 6  # one second a step, every interval
 
 
 def test_a_resume_from_an_epochs_last_batch_does_not_carry_that_epochs_loss_on(tmp_path) -> None:
