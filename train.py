@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 import pytorch_lightning as pl
 import torch
+import yaml
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger
@@ -164,7 +165,10 @@ class ImageNetCLI(LightningCLI):
                 self._refuse_a_resume_past_the_end(ckpt_path, checkpoint)
             saved = checkpoint.get("hyper_parameters", {})
             asked = self.config[subcommand].model.arch
-            if saved.get("arch", asked) != asked:
+            # Only an arch the run names (the command line, a config file) is refused; left at its default, the
+            # checkpoint's applies, as every other model option of the checkpoint does.
+            named = "arch" in self._model_keys_on_the_command_line() | self._model_keys_in_config_files(subcommand)
+            if named and saved.get("arch", asked) != asked:
                 self._refuse(
                     f"--ckpt_path {ckpt_path} holds a {saved['arch']} and this run asks for model.arch {asked}; "
                     f"pass --model.arch {saved['arch']} (or a {asked} checkpoint)"
@@ -253,8 +257,8 @@ class ImageNetCLI(LightningCLI):
             if key in before and model.get(key) != before[key]:
                 notes.append(f"model.{key} {before[key]!r} from the command line (the checkpoint's: {model[key]!r})")
                 model[key] = before[key]
-        # batch_size and num_classes follow the data module's (links); arch was checked before.
-        for key in sorted(set(before.keys()) - given - {"batch_size", "num_classes", "weights", "arch"}):
+        # batch_size and num_classes follow the data module's (links); an arch the run named was checked before.
+        for key in sorted(set(before.keys()) - given - {"batch_size", "num_classes", "weights"}):
             if model.get(key) != before[key]:
                 notes.append(f"model.{key} {model[key]!r} from the checkpoint (the configuration's: {before[key]!r})")
         if model.get("weights"):
@@ -270,6 +274,20 @@ class ImageNetCLI(LightningCLI):
         for word in self._argv:
             if word.startswith("--model."):
                 keys.add(re.split(r"[.=+]", word[len("--model.") :], maxsplit=1)[0])
+        return keys
+
+    def _model_keys_in_config_files(self, subcommand: str) -> set[str]:
+        """The ``model`` options that the run's ``--config`` files set."""
+        keys: set[str] = set()
+        for path in self.config[subcommand].get("config") or []:
+            try:
+                content = yaml.safe_load(Path(str(path)).read_text())
+            except (OSError, yaml.YAMLError):  # the parser read it already; a file it could not read sets nothing
+                continue
+            model = content.get("model") if isinstance(content, dict) else None
+            if isinstance(model, dict):
+                options = model.get("init_args")
+                keys |= set(options if isinstance(options, dict) else model)
         return keys
 
     def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 (LightningCLI's signature)

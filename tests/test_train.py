@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import sys
 import warnings
@@ -572,6 +573,23 @@ def test_checkpoint_of_another_arch_is_refused_in_one_line(trained: dict, main, 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "holds a resnet18 and this run asks for model.arch resnet34; pass --model.arch resnet18" in err
+
+
+def test_an_arch_the_run_does_not_name_is_the_checkpoints(trained: dict, shapes_root: Path, tmp_path: Path, tiny_args,
+                                                          main, capsys, caplog) -> None:  # fmt: skip
+    # Left at its default (resnet50), model.arch was refused as if asked for: "this run asks for model.arch resnet50".
+    args = tiny_args(shapes_root, tmp_path, model__arch=None, trainer__limit_val_batches=2)
+    with caplog.at_level(logging.INFO):
+        cli = main(["validate", *args, "--ckpt_path", str(trained["last"])])
+    assert cli.model.hparams.arch == "resnet18"
+    assert "model.arch 'resnet18' from the checkpoint (the configuration's: 'resnet50')" in caplog.text
+    # Named in a config file, it is the run's ask.
+    config = tmp_path / "arch.yaml"
+    config.write_text("model:\n  arch: resnet34\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--config", str(config), *args, "--ckpt_path", str(trained["last"])])
+    assert exit_info.value.code == 2
+    assert "holds a resnet18 and this run asks for model.arch resnet34" in capsys.readouterr().err
 
 
 def test_checks_of_the_configuration_are_said_as_the_parsers_errors(trained: dict, refused):
