@@ -629,6 +629,8 @@ class ImageNetDataModule(pl.LightningDataModule):
                 "batch_size": self.batch_size,
                 "world_size": trainer.world_size,
                 "cpu_decoder": self.hparams.cpu_decoder,
+                # Lightning's count of the epoch's batches: limit_train_batches included.
+                "epoch_batches": trainer.num_training_batches,
             }
         }
 
@@ -671,6 +673,9 @@ class ImageNetDataModule(pl.LightningDataModule):
     def _epoch_was_done(self, position: dict[str, Any]) -> bool:
         """Whether the checkpoint's run had trained every batch of its epoch (a checkpoint of an epoch's end: the
         resumed run starts the next epoch, whatever its batch size)."""
+        epoch_batches = position.get("epoch_batches")
+        if isinstance(epoch_batches, int):  # saved since the count included trainer.limit_train_batches
+            return int(position["batches"]) >= epoch_batches
         if self.train_set is None:
             return False
         per_rank = len(self.train_set) // int(position["world_size"])

@@ -256,13 +256,14 @@ def test_train_sampler_resumes_its_epoch_after_the_batches_done(shapes_root: Pat
     assert len({sample_seed(0, epoch, 5) for epoch in range(3)} | {sample_seed(1, 0, 5)}) == 4
 
 
-def fake_fitting_trainer(epoch: int, processed: int, world_size: int = 1) -> SimpleNamespace:
-    """A fake trainer in the middle of a fit: epoch ``epoch``, ``processed`` batches of it done."""
+def fake_fitting_trainer(epoch: int, processed: int, world_size: int = 1, epoch_batches: int = 30) -> SimpleNamespace:
+    """A fake trainer in the middle of a fit: epoch ``epoch``, ``processed`` of its ``epoch_batches`` batches done."""
     progress = SimpleNamespace(current=SimpleNamespace(processed=processed))
     trainer = fake_trainer(world_size=world_size)
     trainer.state = SimpleNamespace(fn="fit")
     trainer.current_epoch = epoch
     trainer.fit_loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
+    trainer.num_training_batches = epoch_batches
     return trainer
 
 
@@ -271,8 +272,9 @@ def test_checkpoint_state_resumes_the_training_order(shapes_root: Path) -> None:
     saving.trainer = fake_fitting_trainer(epoch=2, processed=4)
     state = saving.state_dict()
     assert state == {
-        "train_position": {"epoch": 2, "batches": 4, "batch_size": 8, "world_size": 1, "cpu_decoder": "torchvision"}
-    }
+        "train_position": {"epoch": 2, "batches": 4, "batch_size": 8, "world_size": 1, "cpu_decoder": "torchvision",
+                           "epoch_batches": 30}
+    }  # fmt: skip
     saving.trainer.state.fn = "validate"
     assert saving.state_dict() == {}  # only a fit has a position (Lightning then saves no entry)
 
@@ -313,7 +315,11 @@ def test_resume_with_another_batch_size_or_world_size_warns(shapes_root: Path) -
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dm.load_state_dict({"train_position": position | {"batches": done}})
+        # The end of an epoch that trainer.limit_train_batches cut short, as Lightning counted its batches.
+        dm.load_state_dict({"train_position": position | {"batches": 3, "epoch_batches": 3}})
     assert not [w for w in caught if "not exactly" in str(w.message)]
+    with pytest.warns(UserWarning, match="not exactly the interrupted run's"):
+        dm.load_state_dict({"train_position": position | {"batches": 2, "epoch_batches": 3}})
 
 
 def test_resume_with_another_decoder_warns_and_an_old_checkpoint_counts_as_pil(shapes_root: Path) -> None:
