@@ -600,6 +600,13 @@ class ImageNetClassifier(pl.LightningModule):
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        loop = self.trainer.fit_loop.epoch_loop
+        if loop._batches_that_stepped != self.global_step:
+            # Lightning writes step metrics when its own step counter is due; a resume with another
+            # accumulate_grad_batches whose checkpoint falls inside one of the new steps leaves that counter behind the
+            # optimizer steps (its restore skips an increment), and the print-freq lines (due by global_step) found no
+            # row in metrics.csv. Equal otherwise at every batch start.
+            loop._batches_that_stepped = self.global_step
         saved, self._saved_epoch_loss = self._saved_epoch_loss, None
         if saved is not None and saved.get("epoch") == self.current_epoch:
             # A resume inside the epoch the checkpoint was saved in (Lightning then skips on_train_epoch_start):

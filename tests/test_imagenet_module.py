@@ -806,6 +806,38 @@ def test_the_interval_speed_leaves_out_validation_and_the_epoch_end(monkeypatch:
     assert logged == [pytest.approx(batch / 1.0)] * 6  # one second a step, every interval
 
 
+def test_interval_metrics_reach_the_csv_after_a_resume_with_another_accumulation(tmp_path: Path) -> None:
+    """A checkpoint at step 3 (one batch a step) resumed with two batches a step falls inside a step; Lightning's own
+    step counter then lagged, and the print-freq lines of steps 6 and 8 found no metrics.csv row (one, at 5)."""
+    import csv
+
+    from callbacks import ResumableCheckpoint
+
+    generator = torch.Generator().manual_seed(0)
+    images, targets = torch.randn(24, 3, 32, 32, generator=generator), torch.randint(0, 4, (24,), generator=generator)
+
+    def fit(accumulate: int, ckpt: Path | None = None, **limits: int) -> tuple[list[int], list[int]]:
+        model = ImageNetClassifier(arch="resnet18", num_classes=4, batch_size=4, warmup_epochs=0)
+        ours: list[int] = []
+        log_dict = model.log_dict
+        model.log_dict = lambda metrics, **options: ours.append(model.global_step) or log_dict(metrics, **options)
+        logger = pl.loggers.CSVLogger(tmp_path, name="logs")
+        last = ResumableCheckpoint(dirpath=tmp_path, filename="last", monitor=None, enable_version_counter=False)
+        trainer = pl.Trainer(
+            accelerator="cpu", accumulate_grad_batches=accumulate, log_every_n_steps=2, logger=logger,
+            callbacks=[last], enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, **limits,
+        )  # fmt: skip
+        trainer.fit(model, DataLoader(TensorDataset(images, targets), batch_size=4), ckpt_path=ckpt)
+        with open(Path(logger.log_dir) / "metrics.csv") as f:
+            rows = [int(row["step"]) for row in csv.DictReader(f) if row.get("train_loss")]
+        return ours, rows
+
+    fit(1, max_steps=3)
+    ours, rows = fit(2, tmp_path / "last.ckpt", max_epochs=2)
+    assert ours == [6, 8]
+    assert rows == [5, 7]  # Lightning's row of each (its step column counts from 0)
+
+
 def test_a_resume_from_an_epochs_last_batch_does_not_carry_that_epochs_loss_on(tmp_path) -> None:
     """After a checkpoint of an epoch's last batch the resumed run starts the next epoch; with max_steps Lightning has
     not moved current_epoch on at its first batch, and the finished epoch's loss was taken up into the next one."""
