@@ -457,14 +457,15 @@ class ImageNetClassifier(pl.LightningModule):
             fused=True if fused else None,  # not False: with an explicit False torch runs its per-tensor loop
         )
         steps_per_epoch = self._steps_per_epoch = self.steps_per_epoch()
+        # The cosine's end in steps (max_epochs then plays no part); the step schedule has none.
         total_steps = self._cosine_end(steps_per_epoch) if h.lr_schedule == "cosine" else None
+        milestones = list(h.lr_milestones)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
             lambda step: lr_multiplier(
-                step, steps_per_epoch, h.warmup_epochs, h.lr_schedule, list(h.lr_milestones), h.lr_gamma, 0,
-                total_steps,
+                step, steps_per_epoch, h.warmup_epochs, h.lr_schedule, milestones, h.lr_gamma, 0, total_steps
             ),
-        )  # fmt: skip
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}
 
     def _cosine_end(self, steps_per_epoch: int) -> int:
