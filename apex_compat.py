@@ -597,6 +597,11 @@ def translate_full(argv: Sequence[str], environ: Mapping[str, str] | None = None
                 "NCHW leave the flag out"
             )
     if args.pretrained:
+        if typed is not None and "arch" not in typed:
+            raise MigrationError(
+                f"--pretrained with {' '.join(config_args)}: give -a ARCH too; the weights file is found by the arch, "
+                f"and the file's model.arch is not main_amp.py's default ({args.arch}) that -a would otherwise mean"
+            )
         weights = pretrained_weights_path(args.arch)
         out += ["--model.weights", str(weights)]
         notes.append(f"--pretrained -> --model.weights {weights} (local torchvision weights; no download)")

@@ -270,6 +270,9 @@ def test_with_a_config_file_only_the_flags_typed_are_translated_over_it() -> Non
     # Under a launcher the process layout is still the launcher's.
     argv, _ = apex_compat.translate(["./", "--config", "my.yaml"], {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
     assert options(argv)["--trainer.devices"] == "2" and options(argv)["--trainer.strategy"] == "ddp"
+    # --pretrained finds its weights by the arch: with a config file, only by a typed one.
+    with pytest.raises(apex_compat.MigrationError, match="--pretrained with --config my.yaml: give -a ARCH too"):
+        apex_compat.translate(["--pretrained", "./", "--config", "my.yaml"], {})
     # Without a config every default is pinned, as before.
     assert options(apex_compat.translate(["./"], {})[0])["--trainer.max_epochs"] == "90"
 
