@@ -113,6 +113,24 @@ def test_jpegs_the_pil_loader_would_reduce_or_refuse_are_its_to_decode(files):
         EncodedSampleLoader(True, 64, 0.08, 73, small_limit)(str(files["jpeg"]))
 
 
+def test_a_bad_validation_file_is_left_unscored_on_the_gpu_path_too(tmp_path):
+    # The GPU path's samples pass through the same data.on_bad_image policy: its stand-in keeps the batch its size
+    # and carries IGNORED_TARGET, which the metrics leave out.
+    from torchvision import datasets
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        for i in range(2):
+            smooth_image(90, 80, seed=i).save(tmp_path / name / f"{i}.JPEG", quality=90)
+    (tmp_path / "a" / "1.JPEG").write_bytes(b"junk")  # its class's last file: the stand-in is class b's first
+    folder = datasets.ImageFolder(str(tmp_path), loader=EncodedSampleLoader(False, 64, 0.08, 73, load_rgb))
+    policy = image_loading.BadImagePolicy(folder, on_bad_image="skip", evaluation=True)
+    packed, targets, bad = image_loading.BadImageCollate(encoded_collate)([policy[i] for i in range(4)])
+    assert targets.tolist() == [0, image_loading.IGNORED_TARGET, 1, 1]
+    assert len(bad) == 1 and bad[0][0].endswith("1.JPEG")
+    assert decode_batch(packed, "cpu", 64).shape == (4, 3, 64, 64)
+
+
 def test_train_boxes_fit_the_image_and_follow_the_seed(files):
     loader = EncodedSampleLoader(True, 64, 0.25, 73, load_rgb)
     torch.manual_seed(0)
