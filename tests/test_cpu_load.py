@@ -56,13 +56,13 @@ def test_a_spinning_thread_is_the_busiest_and_the_exit_status_is_kept(tmp_path: 
     assert run.returncode == 3, run.stderr
     report = json.loads(out.read_text())
     top, *rest = report["threads"]
-    # On a loaded 2-core machine the spinner gets less than a core: it must still stand out from the sleeping main
-    # thread by far (measured on an idle machine: 1.0 against 0.0).
-    assert top["name"] == "spinner" and 0.25 <= top["cores"] <= 1.1, report["threads"][:3]
+    # On a loaded 2-core machine the spinner gets less than a core (0.11 was seen beside four busy shells): it must
+    # still stand out from the sleeping main thread by far (measured on an idle machine: 1.0 against 0.0).
+    assert top["name"] == "spinner" and 0.0 < top["cores"] <= 1.1, report["threads"][:3]
     main = [t for t in rest if t["main"]]
     assert len(main) == 1 and main[0]["pid"] == top["pid"] and main[0]["cores"] < top["cores"] / 10
     assert top["command"].startswith("python") and "-c" in top["command"]
-    assert sum(report["core_busy"].values()) >= 0.25
+    assert sum(report["core_busy"].values()) > 0.0
     assert "| cores | pid | tid | thread | command |" in run.stdout and "spinner" in run.stdout
 
 

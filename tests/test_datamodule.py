@@ -401,6 +401,46 @@ def test_val_loader_shards_without_padding_and_yields_normalized_batches(shapes_
     assert dm.test_dataloader().sampler.indices == dm.val_dataloader().sampler.indices
 
 
+def test_val_batches_are_center_crops_normalized_by_imagenets_mean_and_std(shapes_root: Path) -> None:
+    # Every other test of the normalization compares the data module with itself (two decoders through one
+    # normalization) or tests the prefetcher alone: swapped mean and std passed them all.
+    from torchvision.io import ImageReadMode, decode_image
+    from torchvision.transforms.v2 import functional as F2
+
+    dm = small_dm(shapes_root, batch_size=5)
+    dm.trainer = fake_trainer()
+    dm.setup("validate")
+    loader = dm.val_dataloader()
+    images, targets = next(iter(loader))
+    mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None] * 255
+    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None] * 255
+    for k, index in enumerate(list(loader.sampler)[:5]):
+        path, target = loader.dataset.samples[index]
+        pixels = decode_image(path, mode=ImageReadMode.RGB)
+        crop = F2.center_crop(F2.resize(pixels, [36], antialias=True), [32, 32])
+        assert torch.allclose(images[k], (crop.float() - mean) / std, atol=1e-5), path
+        assert targets[k] == target
+
+
+@pytest.mark.parametrize("seed_workers", ["0", "1"])
+def test_seed_everything_workers_seeds_each_worker_by_its_rank(
+    shapes_root: Path, monkeypatch: pytest.MonkeyPatch, seed_workers: str
+) -> None:
+    from lightning_fabric.utilities.seed import pl_worker_init_function
+
+    from image_loading import find_bad_image_counter
+
+    monkeypatch.setenv("PL_SEED_WORKERS", seed_workers)  # what seed_everything(workers=True) sets
+    dm = small_dm(shapes_root, workers=1)
+    dm.trainer = fake_trainer(world_size=2, rank=1)
+    dm.setup("fit")
+    init = find_bad_image_counter(dm.train_dataloader()).loader.worker_init_fn.inner  # inside the signal shield
+    if seed_workers == "1":
+        assert init.func is pl_worker_init_function and init.keywords == {"rank": 1}
+    else:
+        assert init is None
+
+
 def test_without_trainer_the_loaders_are_single_process_on_cpu(shapes_root: Path) -> None:
     dm = small_dm(shapes_root, channels_last=True)
     assert dm.classes[0] == "checker" and dm.num_classes == NUM_CLASSES

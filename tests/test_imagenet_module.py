@@ -486,7 +486,7 @@ def test_top5_is_clipped_to_three_classes() -> None:
     (test,) = trainer.test(model, dm, verbose=False)
     # Top-3 of 3 classes is always right; top-1 is whatever the untrained net gives.
     assert val["val_acc5"] == 1.0 and test["test_acc5"] == 1.0
-    assert 0.0 <= val["val_acc1"] <= 1.0 and math.isfinite(val["val_loss"])
+    assert val["val_acc1"] == pytest.approx(test["test_acc1"]) and math.isfinite(val["val_loss"])
     assert val["val_loss"] == pytest.approx(test["test_loss"])  # same data, separate metric objects
 
 
@@ -565,13 +565,35 @@ def test_channels_last_model_and_forward() -> None:
     assert model(images).shape == (2, 10)
 
 
+def test_momentum_nesterov_and_weight_decay_reach_the_optimizer() -> None:
+    model = ImageNetClassifier(arch="resnet18", num_classes=4, momentum=0.5, nesterov=True, weight_decay=3e-4,
+                               batch_size=2)  # fmt: skip
+    seen = []
+
+    class Groups(pl.Callback):
+        def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
+            seen.extend((g["momentum"], g["nesterov"], g["weight_decay"]) for g in trainer.optimizers[0].param_groups)
+
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, callbacks=[Groups()],
+    )  # fmt: skip
+    trainer.fit(model, DataLoader(TensorDataset(torch.randn(2, 3, 32, 32), torch.tensor([0, 1])), batch_size=2))
+    assert seen and set(seen) == {(0.5, True, 3e-4)}
+
+
 def test_label_smoothing_applies_to_training_only() -> None:
     model = ImageNetClassifier(arch="resnet18", num_classes=10, label_smoothing=0.1)
-    logits = torch.tensor([[10.0] + [0.0] * 9])
-    targets = torch.tensor([0])
-    plain = model._loss(logits, targets)
-    smoothed = model._loss(logits, targets, model.hparams.label_smoothing)
-    assert smoothed > plain
+    model.model = torch.nn.Identity()  # the "images" are the logits
+    logits = torch.tensor([[10.0] + [0.0] * 9, [0.0, 4.0] + [0.0] * 8])
+    targets = torch.tensor([0, 1])
+    plain = float(F.cross_entropy(logits, targets))
+    smoothed = float(F.cross_entropy(logits, targets, label_smoothing=0.1))
+    assert smoothed > plain + 0.1  # the test can tell the two apart
+    assert float(model.training_step((logits, targets), 0)) == pytest.approx(smoothed)
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    (val,) = trainer.validate(model, DataLoader(TensorDataset(logits, targets), batch_size=2), verbose=False)
+    assert val["val_loss"] == pytest.approx(plain)  # validation scores the plain loss, as the original did
 
 
 # --- torch.compile -----------------------------------------------------------------------------------------------

