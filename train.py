@@ -18,6 +18,7 @@ import sys
 import traceback
 import warnings
 import zipfile
+from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -26,6 +27,7 @@ import pytorch_lightning as pl
 import torch
 import yaml
 from lightning_fabric.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.callbacks import Timer
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.plugins.io import TorchCheckpointIO
@@ -192,6 +194,7 @@ class ImageNetCLI(LightningCLI):
             epochs += 1  # saved at the end of an epoch's last batch, before the epoch's end: Lightning counts it done
         limits = [("trainer.max_steps", trainer.get("max_steps"), steps, "steps"),
                   ("trainer.max_epochs", trainer.get("max_epochs"), epochs, "epochs")]  # fmt: skip
+        self._refuse_a_resume_past_the_time_limit(ckpt_path, checkpoint)
         for key, limit, done, unit in limits:
             if limit is None or limit < 0 or done < limit:
                 continue
@@ -203,6 +206,26 @@ class ImageNetCLI(LightningCLI):
                 self._refuse(said)
             rank_zero_warn(said)
             return
+
+    def _refuse_a_resume_past_the_time_limit(self, ckpt_path: str, checkpoint: dict[str, Any]) -> None:
+        """Lightning counts ``trainer.max_time`` over every resume (its Timer's elapsed time travels in the
+        checkpoint): a run stopped by it and resumed with the same limit restored, trained nothing and exited 0, which
+        a retry loop or a SLURM ``afterok`` takes for a finished job."""
+        max_time = self.config["fit"].trainer.get("max_time")
+        if max_time is None:
+            return
+        try:
+            limit = Timer(duration=max_time)._duration
+        except (MisconfigurationException, TypeError, ValueError):
+            return  # Lightning says what is wrong with it when it builds the trainer
+        timer_state = next((v for k, v in checkpoint.get("callbacks", {}).items() if str(k).startswith("Timer")), {})
+        elapsed = float(timer_state.get("time_elapsed", {}).get("train", 0.0) or 0.0)
+        if limit is not None and elapsed >= limit:
+            self._refuse(
+                f"--ckpt_path {ckpt_path} has trained for {timedelta(seconds=int(elapsed))} and this run ends at "
+                f"trainer.max_time {timedelta(seconds=int(limit))}, counted over every resume: nothing would train; "
+                "raise trainer.max_time by the time this submission may take (e.g. the elapsed time plus its length)"
+            )
 
     def _lightning_checkpoint(self, ckpt_path: str) -> dict[str, Any]:
         """The checkpoint at ``ckpt_path`` (tensors memory-mapped), refused with a parser error unless Lightning wrote

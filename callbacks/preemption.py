@@ -84,7 +84,8 @@ import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 from lightning_fabric.plugins.environments import LightningEnvironment
-from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint, Timer
+from pytorch_lightning.callbacks.timer import Interval
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from pytorch_lightning.utilities.rank_zero import rank_prefixed_message
@@ -98,6 +99,8 @@ except ImportError:  # pragma: no cover
 
 #: Signals that cannot be caught.
 _UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
+#: What the ranks agree on when a rank's ``trainer.max_time`` ran out and none got a signal (which outranks it).
+_TIME_IS_UP = -1
 
 
 class PreemptedExit(SystemExit):
@@ -114,7 +117,9 @@ class PreemptionHandler(Callback):
     Args:
         signals: Names of the signals that trigger a checkpoint-and-stop (``SIGTERM``, ``SIGINT``, ``SIGUSR1``, ...).
         check_every_n_steps: Look at (and under DDP, exchange) the signal flag every this many optimizer steps. The
-            exchange is asynchronous, so 1 costs next to nothing; a larger value only delays the stop.
+            exchange is asynchronous, so 1 costs next to nothing; a larger value only delays the stop: by up to N
+            steps on one process, up to 2N under DDP (an exchange started at one check is read at the next). Size
+            2N steps well inside the scheduler's grace period.
         dirpath: Folder of the checkpoint; ``None`` uses the folder of the ``ModelCheckpoint`` whose file has
             ``filename`` (train.py's ``last_checkpoint``), else the first ``ModelCheckpoint``'s, else
             ``<default_root_dir>/checkpoints``.
@@ -168,6 +173,8 @@ class PreemptionHandler(Callback):
         self._step_before_batch: int | None = None  # global_step when the current training batch started
         self._owns_sigterm = False  # whether Lightning's SIGTERM notifier calls our handler instead
         self._stop_at_next_step = 0  # a signal agreed on at an epoch's last step: the stop waits for the epoch's end
+        self._timer: Timer | None = None  # Lightning's max_time timer, whose per-step broadcast this replaces (DDP)
+        self._time_is_up = False  # this rank's timer ran out (the ranks agree on it with the signal flag)
 
     # --- the signal handler ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -235,6 +242,27 @@ class PreemptionHandler(Callback):
             # The DDP strategy keeps its timeout private; the same bound applies to this group's exchanges.
             timeout = getattr(trainer.strategy, "_timeout", None)
             self._group = dist.new_group(backend="gloo", timeout=timeout if isinstance(timeout, timedelta) else None)
+            self._take_over_the_timer(trainer)
+
+    def _take_over_the_timer(self, trainer: pl.Trainer) -> None:
+        """``trainer.max_time``'s check, agreed with the signal flag instead of broadcast every step.
+
+        Lightning's Timer broadcasts rank 0's "time is up" every training step: ``broadcast_object_list``, two
+        blocking collectives, which under NCCL also read a size back from the GPU (``.item()``): a host sync per step,
+        the one this handler removes for SIGTERM. Here each rank only notes whether its time is up; the asynchronous
+        exchange of the signal flag carries it, and every rank stops at the step where they agree (a check later than
+        Lightning would: at most ``2 x check_every_n_steps`` steps, a fraction of a second).
+        """
+        timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
+        timer = timers[0] if timers else None
+        if timer is None or timer._duration is None or timer._interval != Interval.step:
+            return  # no max_time, or checked once an epoch: a broadcast there costs nothing
+        self._timer = timer
+
+        def note_time(trainer: pl.Trainer) -> None:
+            self._time_is_up = timer.time_elapsed() >= timer._duration
+
+        self._shadow(timer, "_check_time_remaining", note_time)
 
     @override
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -273,6 +301,13 @@ class PreemptionHandler(Callback):
         if step % self.check_every_n_steps:
             return
         agreed = self._agreed_signal()
+        if agreed == _TIME_IS_UP:
+            # max_time (see _take_over_the_timer): Lightning's own stop, on every rank at this step.
+            if not trainer.should_stop and self._timer is not None:
+                elapsed = timedelta(seconds=int(self._timer.time_elapsed()))
+                rank_zero_info(f"Time limit reached (trainer.max_time). Elapsed time is {elapsed}; stopping.")
+            trainer.should_stop = True
+            return
         if agreed and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             # Lightning 2.6 resumes a checkpoint of an epoch's last batch as a finished epoch: the epoch's validation,
             # its best checkpoint and its end hooks would never run. So they run now, and the run stops at the next
@@ -321,7 +356,8 @@ class PreemptionHandler(Callback):
 
     # --- agreement and stop ---------------------------------------------------------------------------
     def _agreed_signal(self) -> int:
-        """The signal all ranks agree to stop on at this check (0: carry on); the same value on every rank."""
+        """The signal all ranks agree to stop on at this check (0: carry on; :data:`_TIME_IS_UP`: a rank's max_time
+        ran out and none got a signal); the same value on every rank."""
         if self._group is None:
             return self._signum
         agreed = 0
@@ -329,9 +365,12 @@ class PreemptionHandler(Callback):
             work, flag = self._pending
             self._pending = None
             work.wait()
-            agreed = int(flag.item())  # a CPU tensor: no device sync
-        if not agreed:
-            flag = torch.tensor([self._signum], dtype=torch.int32)
+            exchanged = int(flag.item())  # a CPU tensor: no device sync
+            agreed = exchanged // 2 or (_TIME_IS_UP if exchanged else 0)
+        if not agreed or agreed == _TIME_IS_UP:
+            # 2 x signal + time-out: the MAX over the ranks is a signal if any rank got one (a preempted job saves and
+            # goes), else 1 if any rank's max_time ran out.
+            flag = torch.tensor([2 * self._signum + int(self._time_is_up)], dtype=torch.int32)
             work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
             self._pending = (work, flag)
         return agreed

@@ -507,6 +507,19 @@ def test_ddp_run_without_signal_finishes_with_status_0(runs) -> None:
 
 
 @pytest.mark.slow
+def test_max_time_under_ddp_stops_every_rank_at_one_step_without_a_broadcast_per_step(runs) -> None:
+    # Lightning's timer broadcast rank 0's "time is up" every step: two blocking collectives, under NCCL a host sync.
+    # The ranks agree on it with the signal flag's asynchronous exchange instead.
+    run = runs("ddp-time", "--devices", "2", "--max-time", "00:00:00:06")
+    assert run.wait(120) == 0, run.output()[-4000:]
+    ends = run.wait_for("end_rank0.json", "end_rank1.json", timeout=1)
+    assert ends[0]["step"] == ends[1]["step"] > 3, ends  # stopped by the time, together, well before max_steps
+    assert [end["timer_broadcasts"] for end in ends] == [0, 0]
+    assert "Time limit reached (trainer.max_time)" in run.output()
+    assert list(run.out.glob("stop_rank*.json")) == []  # Lightning's own stop: no exception
+
+
+@pytest.mark.slow
 def test_dead_ddp_rank_makes_the_other_exit_with_an_error(runs) -> None:
     run = runs("dead", "--devices", "2", "--die-rank", "1", "--die-step", "3", "--die-mode", "exit")
     status = run.wait(90)

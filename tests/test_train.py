@@ -712,6 +712,17 @@ def test_a_resume_past_the_runs_end_is_refused_and_one_at_it_warned(trained: dic
     assert "has trained 4 epochs and this run ends at trainer.max_epochs 3" in refused(
         ["fit", *trained["args"], "--trainer.max_epochs", "3", "--ckpt_path", str(tmp_path / "batch_end.ckpt")]
     )
+    # trainer.max_time counts over every resume (Lightning's Timer state travels in the checkpoint): a run it stopped,
+    # resumed with the same limit, trained nothing and exited 0.
+    saved = torch.load(last, map_location="cpu", weights_only=True)
+    saved["callbacks"]["Timer"] = {"time_elapsed": {"train": 75.5, "sanity_check": 0.0, "validate": 3.0}}
+    torch.save(saved, tmp_path / "timed.ckpt")
+    said = refused(["fit", *trained["args"], "--trainer.max_epochs", "9", "--trainer.max_time", "00:00:01:00",
+                    "--ckpt_path", str(tmp_path / "timed.ckpt")])  # fmt: skip
+    assert said.startswith(
+        f"error: --ckpt_path {tmp_path / 'timed.ckpt'} has trained for 0:01:15 and this run ends at trainer.max_time "
+        "0:01:00, counted over every resume: nothing would train"
+    )
 
 
 def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(trained: dict, main, monkeypatch, refused):

@@ -59,7 +59,7 @@ class Probe(Callback):
         self.die_mode = die_mode
         self.ready = False
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
+    def _maybe_die(self, trainer: pl.Trainer) -> None:
         if trainer.global_rank == self.die_rank and trainer.global_step == self.die_step:
             write_json(self.out / f"dying_rank{trainer.global_rank}.json", {"time": time.time(), "step": self.die_step})
             if self.die_mode == "exit":
@@ -67,6 +67,27 @@ class Probe(Callback):
             if self.die_mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(3600)  # "hang": a rank stuck outside any collective, e.g. on a dead file system
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Counts the strategy's broadcasts made by Lightning's max_time timer (a blocking collective each, which it
+        # made every step).
+        self.timer_broadcasts = 0
+        strategy, broadcast = trainer.strategy, trainer.strategy.broadcast
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.timer_broadcasts += sys._getframe(1).f_code.co_name == "_check_time_remaining"
+            return broadcast(*args, **kwargs)
+
+        strategy.broadcast = counted
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
+        self._maybe_die(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        write_json(
+            self.out / f"end_rank{trainer.global_rank}.json",
+            {"step": trainer.global_step, "timer_broadcasts": self.timer_broadcasts},
+        )
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
@@ -102,6 +123,7 @@ def main() -> None:
     parser.add_argument("--die-mode", choices=["exit", "kill", "hang"], default="exit")
     parser.add_argument("--max-steps", type=int, default=2000, help="a bound in case a stop never comes")
     parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
+    parser.add_argument("--max-time", default=None, help="trainer.max_time, DD:HH:MM:SS")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,6 +155,7 @@ def main() -> None:
         ],
         max_epochs=-1,
         max_steps=args.max_steps,
+        max_time=args.max_time,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
