@@ -36,6 +36,7 @@ phase on the host and the GPU, per rank, and whether the input copies overlap co
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import warnings
@@ -48,6 +49,7 @@ import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.profilers import Profiler
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
+from pytorch_lightning.utilities.rank_zero import rank_prefixed_message
 
 from callbacks.ranges import CHECKPOINT, EPOCH_END, EPOCH_START, VALIDATION, RangeStack
 from callbacks.step_timer import StepTimer
@@ -57,6 +59,9 @@ try:
     from typing_extensions import override
 except ImportError:  # pragma: no cover
     from typing import override  # type: ignore[attr-defined,no-redef]
+
+#: Lightning's console logger (INFO is shown), for what a rank other than 0 says.
+_log = logging.getLogger("pytorch_lightning.profile")
 
 #: Suffix of the action Lightning's training loop reports to ``trainer.profiler`` around each batch fetch.
 FETCH_ACTION = ".train_dataloader_next"
@@ -573,7 +578,10 @@ class ProfilerWindow(Callback):
             warnings.warn(f"profile: rank {self._rank} could not write the Kineto trace {final}: {error}", stacklevel=2)
             return
         self.trace_files.append(final)
-        rank_zero_info(f"profile: Kineto trace written to {final} (one per rank)")
+        # Said by the first rank that captures (rank 0 may not: profile.ranks), once for the run.
+        if self._rank == (0 if self.ranks is None else min(self.ranks)):
+            said = f"profile: Kineto trace written to {final} (one per capturing rank)"
+            _log.info(rank_prefixed_message(said, self._rank))
 
     # --- cleanup --------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -566,6 +566,7 @@ def test_ddp_two_cpu_ranks_stop_together_and_write_one_trace_each(tmp_path, run_
     assert finals == {0: {"global_step": 5}, 1: {"global_step": 5}}
     # What a CPU run leaves out of the window is said once for the run, not once per rank.
     assert proc.stderr.count("not CUDA: cudaProfilerStart/Stop are skipped") == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("[rank: 0] profile: Kineto trace written to") == 1, proc.stderr[-3000:]
     traces = sorted(p.name for p in tmp_path.rglob("*.pt.trace.json"))
     assert traces == ["rank0_steps3-4.pt.trace.json", "rank1_steps3-4.pt.trace.json"]
     for trace in tmp_path.rglob("*.pt.trace.json"):
