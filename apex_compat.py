@@ -98,8 +98,8 @@ class _OriginalParser(argparse.ArgumentParser):
         said = f"{message} ({'; '.join(hints)})" if hints else message
         self.exit(
             2,
-            f"{self.prog}: error: {said}; train.py read this command line as apex main_amp.py's (`python train.py -h` "
-            "lists its flags, `python train.py fit --help` the app's own options)\n",
+            f"{self.prog}: error: {said}; train.py read this command line as apex main_amp.py's (`python train.py DIR "
+            "-h` lists its flags, `python train.py fit --help` the app's own options)\n",
         )
 
 
@@ -741,6 +741,14 @@ def migrate(argv: Sequence[str], environ: Mapping[str, str] | None = None, strea
     stream = sys.stderr if stream is None else stream
     try:
         translation = translate_full(argv, environ)
+        if translation.legacy_checkpoint is not None:
+            if _is_rank_zero(environ):
+                print(f"train.py: converting {translation.legacy_checkpoint} for this run ...", file=stream, flush=True)
+            converted = legacy_checkpoint.convert(
+                translation.legacy_checkpoint, translation.argv, translation.converted_checkpoint, environ=environ
+            )
+            # After the conversion, which says the resumed step: the command printed is the one that runs.
+            translation.argv = shift_profile_window(translation.argv, _resumed_step(converted), translation)
         if _is_rank_zero(environ):
             print(
                 "train.py: main_amp.py command line translated; the equivalent train.py command is\n  "
@@ -750,14 +758,6 @@ def migrate(argv: Sequence[str], environ: Mapping[str, str] | None = None, strea
             for note in translation.notes:
                 print(f"  note: {note}", file=stream)
             stream.flush()
-        if translation.legacy_checkpoint is not None:
-            converted = legacy_checkpoint.convert(
-                translation.legacy_checkpoint, translation.argv, translation.converted_checkpoint, environ=environ
-            )
-            shifted = shift_profile_window(translation.argv, _resumed_step(converted), translation)
-            if shifted != translation.argv and _is_rank_zero(environ):
-                print(f"  note: {translation.notes[-1]}", file=stream, flush=True)
-            translation.argv = shifted
     except (MigrationError, legacy_checkpoint.CheckpointConversionError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         raise SystemExit(2) from error

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 import torchvision
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import Metric
-from torchmetrics.classification import MulticlassAccuracy
 
 from callbacks.ranges import METRICS, app_range
 from callbacks.resumable_checkpoint import inside_the_epoch
@@ -74,6 +73,8 @@ def classification_archs() -> list[str]:
 
 #: torchvision classifiers with auxiliary heads, built without them (``aux_logits=False``).
 AUX_HEAD_ARCHS = ("googlenet", "inception_v3")
+#: The state_dict prefixes of those heads (googlenet's, inception_v3's).
+AUX_HEAD_KEYS = ("aux1.", "aux2.", "AuxLogits.")
 
 
 def build_model(arch: str, num_classes: int, weights: str | None = None) -> torch.nn.Module:
@@ -141,6 +142,16 @@ def _load_weights(model: torch.nn.Module, arch: str, num_classes: int, path: Pat
         holds = f"keys {sorted(map(str, state))[:8]}" if isinstance(state, dict) else f"a {type(state).__name__}"
         raise ValueError(f"model.weights: {path} is not a state_dict (found {holds}, not tensors by name); {wanted}")
     state = {k.removeprefix("module."): v for k, v in state.items()}  # saved from a DDP or DataParallel wrapper
+    aux = {k for k in state if k.startswith(AUX_HEAD_KEYS)} if arch in AUX_HEAD_ARCHS else set()
+    if aux:
+        # torchvision's own file of these: it builds the model with the auxiliary heads to load it, then drops them,
+        # and its weights were trained on inputs that transform_input remaps (torchvision turns it on with them).
+        state = {k: v for k, v in state.items() if k not in aux}
+        model.transform_input = True  # type: ignore[assignment]
+        rank_zero_info(
+            f"model.weights: {path} holds {arch}'s auxiliary heads (torchvision's file): left out, and "
+            "transform_input on, as torchvision builds the model for these weights"
+        )
     own = model.state_dict()
     misshaped = {k for k, v in state.items() if k in own and own[k].shape != v.shape}
     # A 1000-class ImageNet checkpoint fine-tuned on another class count: keep the body, re-initialize the head. Only
@@ -235,8 +246,8 @@ class ImageNetClassifier(pl.LightningModule):
         weight_decay: SGD weight decay (L2), applied to all parameters as in the original.
         nesterov: Use Nesterov momentum.
         warmup_epochs: Epochs of linear per-step warmup (0 disables it).
-        lr_schedule: ``step`` (multiply by ``lr_gamma`` at each of ``lr_milestones``) or ``cosine`` (to zero at the
-            end of training: ``trainer.max_epochs`` or ``trainer.max_steps``, whichever comes first).
+        lr_schedule: ``step`` (multiply by ``lr_gamma`` at each of ``lr_milestones``) or ``cosine`` (to zero at
+            ``trainer.max_epochs``; at ``trainer.max_steps`` in a run bounded by steps alone).
         lr_milestones: Epochs at which the step schedule decays.
         lr_gamma: Decay factor of the step schedule.
         label_smoothing: Label smoothing of the cross-entropy loss.
@@ -308,14 +319,12 @@ class ImageNetClassifier(pl.LightningModule):
         top_k = min(5, num_classes)
         # One metric object per stage: sharing one between val and test mixes their states. Argument validation and
         # the NaN check are off because each reads a value back to the host: a sync on every step.
-        # A sample standing in for a bad image (data.on_bad_image: skip) carries IGNORED_TARGET: not scored.
-        accuracy = {"average": "micro", "validate_args": False, "ignore_index": IGNORED_TARGET}
-        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, **accuracy)
-        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, **accuracy)
-        self.val_loss = WeightedMean()
-        self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, **accuracy)
-        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, **accuracy)
-        self.test_loss = WeightedMean()
+        # Each a weighted mean of per-image values (hit or loss), weight 0 for a sample standing in for a bad image
+        # (data.on_bad_image: skip; target IGNORED_TARGET). Not torchmetrics' accuracy with ignore_index: its top-1
+        # path drops those samples by boolean indexing, a host sync on every step (on a GPU).
+        self._top_k = top_k
+        self.val_acc1, self.val_acc5, self.val_loss = WeightedMean(), WeightedMean(), WeightedMean()
+        self.test_acc1, self.test_acc5, self.test_loss = WeightedMean(), WeightedMean(), WeightedMean()
         # Kept out of the module tree (plain __dict__ entry): registering the compiled wrapper would put every weight
         # into the state_dict twice, under a second prefix.
         self.__dict__["_compiled"] = None
@@ -469,18 +478,19 @@ class ImageNetClassifier(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}
 
     def _cosine_end(self, steps_per_epoch: int) -> int:
-        """The optimizer step at which the cosine schedule reaches zero: the end of training, whichever of
-        ``trainer.max_epochs`` and ``trainer.max_steps`` comes first (a steps-bounded run annealed over 90 epochs
-        before, its rate all but flat)."""
+        """The optimizer step at which the cosine schedule reaches zero: ``trainer.max_epochs`` epochs, or
+        ``trainer.max_steps`` in a run bounded by steps alone (it annealed over 90 epochs before, its rate all but
+        flat). The epochs first, as the step schedule's milestones: a run cut short by ``max_steps`` (profiling,
+        benchmarks) or resumed with another one keeps the one curve."""
         trainer = self.trainer
-        ends = [trainer.max_epochs * steps_per_epoch] if trainer.max_epochs and trainer.max_epochs > 0 else []
-        ends += [trainer.max_steps] if trainer.max_steps and trainer.max_steps > 0 else []
-        if not ends:
-            raise ValueError(
-                "model.lr_schedule cosine anneals to zero at the end of training, and this run has none: set "
-                "trainer.max_epochs or trainer.max_steps"
-            )
-        return min(ends)
+        if trainer.max_epochs is not None and trainer.max_epochs > 0:
+            return trainer.max_epochs * steps_per_epoch
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            return trainer.max_steps
+        raise ValueError(
+            "model.lr_schedule cosine anneals to zero at the end of training, and this run has none: set "
+            "trainer.max_epochs or trainer.max_steps"
+        )
 
     def _fused_sgd(self) -> bool:
         """Whether this run's SGD is fused (``fused_sgd``, resolved for the device, precision and clipping)."""
@@ -785,10 +795,12 @@ class ImageNetClassifier(pl.LightningModule):
         # and on the number of ranks), and a sample standing in for a bad image counts not at all (weight 0, its loss
         # 0): no host sync for either.
         losses = F.cross_entropy(logits.float(), targets, reduction="none", ignore_index=IGNORED_TARGET)
+        scored = (targets != IGNORED_TARGET).to(losses.dtype)
+        hit = logits.topk(self._top_k, dim=1).indices == targets[:, None]
         acc1, acc5, mean_loss = (getattr(self, f"{prefix}_{name}") for name in ("acc1", "acc5", "loss"))
-        acc1.update(logits, targets)
-        acc5.update(logits, targets)
-        mean_loss.update(losses.detach(), (targets != IGNORED_TARGET).to(losses.dtype))
+        acc1.update(hit[:, 0].to(losses.dtype), scored)
+        acc5.update(hit.any(dim=1).to(losses.dtype), scored)
+        mean_loss.update(losses.detach(), scored)
         # Metric objects: Lightning calls compute() (one cross-rank sync) at epoch end, not per step.
         self.log(f"{prefix}_loss", mean_loss, on_step=False, on_epoch=True, prog_bar=True)
         self.log(f"{prefix}_acc1", acc1, on_step=False, on_epoch=True, prog_bar=True)

@@ -273,6 +273,26 @@ class PreemptionHandler(Callback):
         self._install_handlers()  # the first hook after Lightning registered its handlers without sanity check
 
     @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # After Lightning restored the callbacks' states, before the Timer's own check there (it comes after this
+        # callback), which would end the fit unseen.
+        self._refuse_a_spent_time_budget(trainer)
+
+    @staticmethod
+    def _refuse_a_spent_time_budget(trainer: pl.Trainer) -> None:
+        """``trainer.max_time`` counts over every resume (the Timer's state is in the checkpoint): restored past it,
+        Lightning would train nothing and end with status 0, which a requeue loop takes for a finished job. train.py
+        refuses a checkpoint file at parse time; this covers ``--ckpt_path last``, resolved by Lightning later."""
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        if timer is None or timer._duration is None or timer.time_elapsed() < timer._duration:
+            return
+        raise ValueError(
+            f"trainer.max_time {timedelta(seconds=int(timer._duration))} is spent: the checkpoint this run resumes has "
+            f"trained for {timedelta(seconds=int(timer.time_elapsed()))}, counted over every resume, so nothing "
+            "would train; raise trainer.max_time by the time this submission may take"
+        )
+
+    @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:

@@ -313,7 +313,7 @@ def test_an_unknown_flag_is_one_line_with_what_to_use(flags: str, said: str, cap
     with pytest.raises(SystemExit) as exit_info:
         apex_compat.translate(shlex.split(flags), environ={})
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and said in err
+    assert exit_info.value.code == 2 and said in err and "`python train.py DIR -h` lists its flags" in err
     assert err.count("\n") == 1 and err.startswith("train.py: error: unrecognized arguments:"), err
 
 
@@ -726,6 +726,8 @@ def test_prof_with_a_main_amp_resume_counts_from_its_converted_step(
     )
     assert options(argv)["--profile.start_step"] == "13"  # 2 epochs of 5 steps, then 3 more
     said = stream.getvalue()
+    command = said.split("the equivalent train.py command is\n", 1)[1].splitlines()[0]
+    assert "--profile.start_step 13 " in command  # the command printed is the one that runs
     assert "--prof 3 with --resume -> --profile.start_step 13" in said
     assert "its apex amp state (the loss scaler's scale) is not carried over" in said
 

@@ -300,6 +300,38 @@ class _NoSyncWindow(pl.Callback):
             self.checked += 1
 
 
+class _NoSyncValidation(pl.Callback):
+    """``_NoSyncWindow`` for validation batches (from the second on: the first holds cuDNN's warm-up)."""
+
+    def __init__(self) -> None:
+        self.checked = 0
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:  # noqa: ANN001
+        if batch_idx >= 1:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def on_validation_batch_end(self, trainer, pl_module, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        if torch.cuda.get_sync_debug_mode():
+            torch.cuda.set_sync_debug_mode(0)
+            self.checked += 1
+
+
+def test_validation_steps_make_no_host_sync():
+    """The metrics' updates stay on the device (torchmetrics' accuracy with an ignore_index drops samples by boolean
+    indexing: a sync each step)."""
+    data = ImageNetDataModule(
+        root="unused", source="synthetic", batch_size=32, crop_size=64, synthetic_num_classes=10, synthetic_val_steps=5
+    )
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=32, channels_last=True)
+    window = _NoSyncValidation()
+    trainer = pl.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", callbacks=[window], **QUIET)
+    try:
+        (val,) = trainer.validate(model, data, verbose=False)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert window.checked == 4 and 0.0 <= val["val_acc1"] <= 1.0
+
+
 @pytest.mark.parametrize(
     ("precision", "fused_sgd", "syncs"),
     [("16-mixed", None, False), ("bf16-mixed", None, False), ("16-mixed", False, True)],

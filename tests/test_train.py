@@ -723,6 +723,12 @@ def test_a_resume_past_the_runs_end_is_refused_and_one_at_it_warned(trained: dic
         f"error: --ckpt_path {tmp_path / 'timed.ckpt'} has trained for 0:01:15 and this run ends at trainer.max_time "
         "0:01:00, counted over every resume: nothing would train"
     )
+    # The requeued job's form, --ckpt_path last, which Lightning resolves in the run: refused there, in one line.
+    (tmp_path / "requeue").mkdir()
+    torch.save(saved, tmp_path / "requeue" / "last.ckpt")
+    said = refused(["fit", *trained["args"], "--trainer.max_epochs", "9", "--trainer.max_time", "00:00:01:00",
+                    "--last_checkpoint.dirpath", str(tmp_path / "requeue"), "--ckpt_path", "last"])  # fmt: skip
+    assert said.startswith("error: trainer.max_time 0:01:00 is spent: the checkpoint this run resumes has trained for")
 
 
 def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(trained: dict, main, monkeypatch, refused):
