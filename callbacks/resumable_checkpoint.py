@@ -32,15 +32,15 @@ Both are no-ops in a run that was not resumed.
 ``train.py`` uses this class for ``--checkpoint.*`` and
 ``--last_checkpoint.*``; every other argument is ``ModelCheckpoint``'s.
 
-5. **The unmonitored checkpoint is saved at every epoch end.** ``ModelCheckpoint`` saves after a validation when the
-   run has one and at epoch ends only when it has none, so with ``check_val_every_n_epoch`` > 1 ``last.ckpt`` fell up
-   to that many epochs minus one behind (a run's last epochs were in no file). Here an epoch end without a validation
-   saves the unmonitored checkpoint (every ``every_n_epochs``); the monitored one has no new score there.
-
 4. **Its state key is computed once.** Lightning names every callback hook call by the callback's ``state_key``, which
    ``ModelCheckpoint`` formats anew from its arguments each time: six hooks a step, for each of the two checkpoint
    callbacks, about 14 us of host time per step on a 2-core CPU (1.2 us an access). The arguments it is made
    of are fixed once ``__init__`` returns.
+
+5. **The unmonitored checkpoint is saved at every epoch end.** ``ModelCheckpoint`` saves after a validation when the
+   run has one and at epoch ends only when it has none, so with ``check_val_every_n_epoch`` > 1 ``last.ckpt`` fell up
+   to that many epochs minus one behind (a run's last epochs were in no file). Here an epoch end without a validation
+   saves the unmonitored checkpoint (every ``every_n_epochs``); the monitored one has no new score there.
 """
 
 from __future__ import annotations
