@@ -64,18 +64,22 @@ class MigrationError(ValueError):
 
 #: Flags of main_amp.py's relatives (DALI's and NVIDIA's ResNet-50 scripts, apex's older examples) that this command
 #: line does not take, and what does the job here.
+_NO_DALI = (
+    "there is no DALI here; the decode runs in the loader workers (--data.decode cpu, the default) or with nvJPEG on "
+    "the GPU (--data.decode gpu)"
+)
+_MIXED = "use --opt-level O1 (float16 mixed precision with dynamic loss scaling)"
+_LAUNCHER = "the process layout comes from the launcher (torchrun); without one, --trainer.devices N"
 FOREIGN_FLAGS = {
-    "--dali_cpu": "there is no DALI here; the decode runs in the loader workers (--data.decode cpu, the default) or "
-    "with nvJPEG on the GPU (--data.decode gpu)",
-    "--dali-cpu": "there is no DALI here; the decode runs in the loader workers (--data.decode cpu, the default) or "
-    "with nvJPEG on the GPU (--data.decode gpu)",
-    "--fp16": "use --opt-level O1 (float16 mixed precision with dynamic loss scaling)",
-    "--amp": "use --opt-level O1 (float16 mixed precision with dynamic loss scaling)",
+    "--dali_cpu": _NO_DALI,
+    "--dali-cpu": _NO_DALI,
+    "--fp16": _MIXED,
+    "--amp": _MIXED,
     "--static-loss-scale": "use --opt-level O1: its loss scaling is dynamic (see --loss-scale)",
     "--dynamic-loss-scale": "use --opt-level O1: its loss scaling is dynamic",
-    "--gpu": "the process layout comes from the launcher (torchrun); without one, --trainer.devices N",
-    "--world-size": "the process layout comes from the launcher (torchrun); without one, --trainer.devices N",
-    "--dist-url": "the process layout comes from the launcher (torchrun); without one, --trainer.devices N",
+    "--gpu": _LAUNCHER,
+    "--world-size": _LAUNCHER,
+    "--dist-url": _LAUNCHER,
 }
 
 

@@ -253,9 +253,8 @@ class PreemptionHandler(Callback):
         exchange of the signal flag carries it, and every rank stops at the step where they agree (a check later than
         Lightning would: at most ``2 x check_every_n_steps`` steps, a fraction of a second).
         """
-        timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
-        timer = timers[0] if timers else None
-        if timer is None or timer._duration is None or timer._interval != Interval.step:
+        timer = _max_time_timer(trainer)
+        if timer is None or timer._interval != Interval.step:
             return  # no max_time, or checked once an epoch: a broadcast there costs nothing
         self._timer = timer
 
@@ -283,8 +282,8 @@ class PreemptionHandler(Callback):
         """``trainer.max_time`` counts over every resume (the Timer's state is in the checkpoint): restored past it,
         Lightning would train nothing and end with status 0, which a requeue loop takes for a finished job. train.py
         refuses a checkpoint file at parse time; this covers ``--ckpt_path last``, resolved by Lightning later."""
-        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-        if timer is None or timer._duration is None or timer.time_elapsed() < timer._duration:
+        timer = _max_time_timer(trainer)
+        if timer is None or timer.time_elapsed() < timer._duration:
             return
         raise ValueError(
             f"trainer.max_time {timedelta(seconds=int(timer._duration))} is spent: the checkpoint this run resumes has "
@@ -445,6 +444,12 @@ class PreemptionHandler(Callback):
             f"(exit status {128 + signum})"
         )
         raise PreemptedExit(self.exit_code)
+
+
+def _max_time_timer(trainer: pl.Trainer) -> Timer | None:
+    """Lightning's Timer of ``trainer.max_time``, or ``None`` when the run has no time limit."""
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    return timer if timer is not None and timer._duration is not None else None
 
 
 def _is_lightning_child(trainer: pl.Trainer) -> bool:

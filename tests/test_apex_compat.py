@@ -497,9 +497,15 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_legacy(
-    path: Path, arch: str = "resnet18", num_classes: int = 10, epoch: int = 1, head_bias: int = -1
+    path: Path,
+    arch: str = "resnet18",
+    num_classes: int = 10,
+    epoch: int = 1,
+    head_bias: int = -1,
+    amp: dict | None = None,
 ) -> dict:
-    """A checkpoint as main_amp.py saved it under DDP: ``module.`` prefixes and SGD momentum buffers."""
+    """A checkpoint as main_amp.py saved it under DDP: ``module.`` prefixes and SGD momentum buffers; ``amp``: apex
+    amp's state, which apex recommended saving beside them."""
     torch.manual_seed(0)
     model = torchvision.models.get_model(arch, num_classes=num_classes)
     optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9, weight_decay=1e-4)
@@ -517,6 +523,8 @@ def write_legacy(
         "best_prec1": 12.5,
         "optimizer": optimizer.state_dict(),
     }
+    if amp is not None:
+        state["amp"] = amp
     torch.save(state, path)
     return state
 
@@ -716,10 +724,7 @@ def test_prof_with_a_main_amp_resume_counts_from_its_converted_step(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     source = tmp_path / "checkpoint.pth.tar"
-    write_legacy(source, epoch=2)
-    state = torch.load(source, weights_only=True)
-    state["amp"] = {"loss_scaler0": {"loss_scale": 65536.0, "unskipped": 17}}  # apex's recommended addition
-    torch.save(state, source)
+    write_legacy(source, epoch=2, amp={"loss_scaler0": {"loss_scale": 65536.0, "unskipped": 17}})
     stream = io.StringIO()
     argv = apex_compat.migrate(
         ["--prof", "3", "-b", "8", "-j", "0", "--resume", str(source), str(data_root), *CPU], {}, stream
