@@ -10,12 +10,14 @@ per batch, :class:`PackedBatch`). The prefetcher then decodes the whole batch wi
 Files nvJPEG should not get (CMYK or YCCK JPEGs, PNGs named .JPEG, EXIF-rotated photos) are decoded by PIL in the worker
 as before and travel as uint8 pixels; the GPU stage treats both kinds alike from the crop on.
 
-Validation uses the same stage: ``Resize(s) + CenterCrop(c)`` is close to cropping the centered square of side
-``short_side * c / s`` and resizing it to ``c``, not equal: the box is rounded to whole source pixels (up to half a
-source pixel of offset and size), where torchvision rounds the resized image's size and the crop's offset. On smooth
-JPEGs of 100-640 px the two differ by 0.4-1.4 levels of 255 on average, 4-10 at most (a review's measurement, on the
-CPU through ``decode_batch(..., "cpu")``); ``data.decode: cpu`` and this path can so score a validation image
-slightly differently.
+Validation uses the same stage, exactly: ``Resize(s) + CenterCrop(c)`` of torchvision is one antialiased resize of the
+whole image to the size ``Resize`` computes, of which the crop keeps ``c x c`` pixels at the offset ``CenterCrop``
+rounds to. The resize is separable, so those output pixels read only a window of the source (each output pixel's
+filter support, cut at the image's edges): the workers send that window as the box, with the resized size and the
+crop's offset in it (:attr:`Encoded.resize`), and the weights of the same matmuls are those of the whole-image resize
+at those rows and columns. On the CPU the result equals torchvision's ``Resize`` + ``CenterCrop`` on float tensors up
+to float rounding (``tests/test_gpu_decode.py``), and so ``data.cpu_decoder: torchvision``'s validation up to its
+rounding to uint8.
 
 **Splitting the decode between the workers and the GPU** (``data.cpu_decode_share``). On an H200 nvJPEG decodes on the
 JPEG engines (torchvision creates its hardware backend; an nsys trace shows only its colour conversion on the SMs, ~0.3
@@ -62,6 +64,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import mmap
 import os
 import sys
@@ -120,7 +123,7 @@ class Encoded:
     Attributes:
         data: uint8 1-D tensor of the JPEG file, or uint8 ``(3, H, W)`` pixels.
         encoded: Whether ``data`` is a JPEG to decode.
-        box: ``(top, left, height, width)`` of the crop in the decoded image.
+        box: ``(top, left, height, width)`` of the crop in the decoded image: the pixels the output is made of.
         flip: Mirror the crop horizontally.
         finished: ``data`` is the final crop, uint8 ``(3, size, size)``: the worker decoded, cropped, resized and
             flipped it (``data.cpu_decode_share``, with ``data.cpu_decoder``'s loader and transform); ``box`` covers
@@ -129,6 +132,10 @@ class Encoded:
             (:func:`jpeg_header.hardware_size`, and the same as PIL's reading): ``data.nvjpeg: preallocated``
             uses it instead of nvJPEG's reading once enough of these sizes have matched nvJPEG's
             (:meth:`nvjpeg_batched.BatchedDecoder.decode`). None: nvJPEG reads the header.
+        resize: ``(height, width, top, left)``: the output is the ``size x size`` pixels at ``(top, left)`` of the
+            whole decoded image resized to ``height x width`` (validation's ``Resize`` + ``CenterCrop``, see
+            :func:`center_crop_geometry`), and ``box`` is the window of the image those pixels read. None: the
+            output is ``box`` resized to ``size x size`` (RandomResizedCrop).
     """
 
     data: torch.Tensor
@@ -137,6 +144,7 @@ class Encoded:
     flip: bool
     finished: bool = False
     hardware_size: tuple[int, int] | None = None
+    resize: tuple[int, int, int, int] | None = None
 
 
 class PackedBatch(NamedTuple):
@@ -152,9 +160,10 @@ class PackedBatch(NamedTuple):
         data: uint8 1-D: ``finished`` crops of ``(3, size, size)``, then every other sample's JPEG bytes or pixels.
         finished: How many finished crops (:attr:`Encoded.finished`) lead the buffer.
         size: Side of the finished crops.
-        table: int64 ``(n - finished, 11)``, one row per other sample: offset and length in ``data``, encoded, height
+        table: int64 ``(n - finished, 15)``, one row per other sample: offset and length in ``data``, encoded, height
             and width of its pixels (of a JPEG: :attr:`Encoded.hardware_size`, or 0), then the crop box (top, left,
-            height, width), the flip, and whether the JPEG's height and width are its ``hardware_size``.
+            height, width), the flip, whether the JPEG's height and width are its ``hardware_size``, and
+            :attr:`Encoded.resize` (zeros for None).
     """
 
     data: torch.Tensor
@@ -168,12 +177,15 @@ class PackedBatch(NamedTuple):
         side = self.size
         finished = self.data[: self.finished * 3 * side * side].view(self.finished, 3, side, side)
         samples = []
-        for offset, length, encoded, height, width, top, left, box_h, box_w, flip, hardware in self.table.tolist():
+        for row in self.table.tolist():
+            offset, length, encoded, height, width, top, left, box_h, box_w, flip, hardware = row[:11]
             data = self.data[offset : offset + length]
             if not encoded:
                 data = data.view(3, height, width)
             known = (height, width) if hardware else None
-            samples.append(Encoded(data, bool(encoded), (top, left, box_h, box_w), bool(flip), hardware_size=known))
+            resize = tuple(row[11:]) if row[11] else None
+            box = (top, left, box_h, box_w)
+            samples.append(Encoded(data, bool(encoded), box, bool(flip), hardware_size=known, resize=resize))
         return finished, samples
 
 
@@ -188,12 +200,35 @@ def decoded_on_cpu(path: str, share: float) -> bool:
     return int.from_bytes(digest, "little") < share * 2.0**64
 
 
-def center_box(height: int, width: int, resize: int, crop: int) -> tuple[int, int, int, int]:
-    """The box of the original image that ``Resize(resize)`` then ``CenterCrop(crop)`` keeps, rounded to whole pixels
-    (the module docstring says how far that is from torchvision's)."""
-    side = min(height, width) * crop / resize
-    box_h, box_w = min(height, round(side)), min(width, round(side))
-    return (height - box_h) // 2, (width - box_w) // 2, box_h, box_w
+def center_crop_geometry(
+    height: int, width: int, resize: int, crop: int
+) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """torchvision's ``Resize(resize)`` then ``CenterCrop(crop)`` of a ``height x width`` image as
+    :class:`Encoded` describes it: the box ``(top, left, height, width)`` of the source pixels the crop is made of, and
+    the resize ``(resized height, resized width, top, left)``: the size ``Resize`` gives the image and the crop's
+    offset in it, rounded as ``CenterCrop`` rounds it. ``crop`` must not exceed ``resize``."""
+    if not 1 <= crop <= resize or min(height, width) < 1:
+        raise ValueError(f"center_crop_geometry: needs 1 <= crop <= resize and a non-empty image, got {locals()}")
+    # transforms.functional.resize's arithmetic: the short side becomes ``resize``, the long side is truncated.
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = resize, int(resize * long / short)
+    resized_w, resized_h = (new_short, new_long) if width <= height else (new_long, new_short)
+    into_y, into_x = int(round((resized_h - crop) / 2.0)), int(round((resized_w - crop) / 2.0))
+    top, box_h = _support(height, resized_h, into_y, crop)
+    left, box_w = _support(width, resized_w, into_x, crop)
+    return (top, left, box_h, box_w), (resized_h, resized_w, into_y, into_x)
+
+
+def _support(length: int, resized: int, first: int, count: int) -> tuple[int, int]:
+    """Start and length of the source pixels that outputs ``first .. first + count - 1`` of an antialiased bilinear
+    resize from ``length`` to ``resized`` pixels read: ATen's ``_upsample_bilinear2d_aa`` window (center
+    ``(i + 0.5) * scale``, half-width ``max(scale, 1)``), one pixel wider on each side against rounding (weights
+    there are zero), cut at the image."""
+    scale = length / resized
+    support = max(scale, 1.0)
+    start = max(math.floor((first + 0.5) * scale - support + 0.5) - 1, 0)
+    stop = min(math.floor((first + count - 0.5) * scale + support + 0.5) + 1, length)
+    return start, stop - start
 
 
 class EncodedSampleLoader:
@@ -268,12 +303,12 @@ class EncodedSampleLoader:
             image = self.pil_loader(path)
             width, height = image.size
             data, encoded = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).contiguous(), False
-        if self.train:
-            # torchvision's own sampler of boxes, on a stand-in of the right size: the same distribution, the same RNG.
-            box = transforms.RandomResizedCrop.get_params(torch.empty(0, height, width), self.scale, self.ratio)
-            flip = bool(torch.rand(1) < 0.5)
-        else:
-            box, flip = center_box(height, width, self.resize_size, self.crop_size), False
+        if not self.train:
+            box, resize = center_crop_geometry(height, width, self.resize_size, self.crop_size)
+            return Encoded(data, encoded, box, False, hardware_size=hardware, resize=resize)
+        # torchvision's own sampler of boxes, on a stand-in of the right size: the same distribution, the same RNG.
+        box = transforms.RandomResizedCrop.get_params(torch.empty(0, height, width), self.scale, self.ratio)
+        flip = bool(torch.rand(1) < 0.5)
         return Encoded(data, encoded, tuple(int(v) for v in box), flip, hardware_size=hardware)
 
     def _finished(self, path: str) -> Encoded:
@@ -317,7 +352,7 @@ def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[PackedBatch, 
             if tuple(sample.data.shape) != (3, side, side):
                 raise ValueError(f"finished crops of one batch differ in size: {tuple(sample.data.shape)} and {side}")
             crops[i] = sample.data
-    table = np.zeros((len(rest), 11), dtype=np.int64)
+    table = np.zeros((len(rest), 15), dtype=np.int64)
     offset = lead
     for row, ((sample, _), length) in enumerate(zip(rest, lengths, strict=True)):
         data[offset : offset + length] = sample.data.reshape(-1)
@@ -326,7 +361,8 @@ def encoded_collate(batch: Sequence[tuple[Encoded, int]]) -> tuple[PackedBatch, 
             height, width = sample.hardware_size or (0, 0)
         else:
             height, width = sample.data.shape[1:]
-        table[row] = (offset, length, sample.encoded, height, width, *sample.box, sample.flip, hardware)
+        resize = sample.resize or (0, 0, 0, 0)
+        table[row] = (offset, length, sample.encoded, height, width, *sample.box, sample.flip, hardware, *resize)
         offset += length
     targets = torch.tensor([target for _, target in finished + rest], dtype=torch.int64)
     return PackedBatch(data, len(finished), side, table), targets
@@ -619,16 +655,23 @@ def decode_crop_resize_reference(samples: list[Encoded], device: torch.device | 
     images, release = _decode(samples, device)
     try:
         for i, (sample, image) in enumerate(zip(samples, images, strict=True)):
-            out[i] = _resize_one(image, sample.box, sample.flip, size)
+            out[i] = _resize_one(image, sample, size)
     finally:
         release()
     return out
 
 
-def _resize_one(image: torch.Tensor, box: tuple[int, int, int, int], flip: bool, size: int) -> torch.Tensor:
-    top, left, height, width = box
+def _resize_one(image: torch.Tensor, sample: Encoded, size: int) -> torch.Tensor:
+    if sample.resize is not None:  # as torchvision's Resize (the whole image; none to its own size) + CenterCrop
+        resized_h, resized_w, top, left = sample.resize
+        whole = image.unsqueeze(0).float()
+        if (resized_h, resized_w) != tuple(image.shape[1:]):
+            whole = F.interpolate(whole, (resized_h, resized_w), mode="bilinear", align_corners=False, antialias=True)
+        crop = whole[0, :, top : top + size, left : left + size]
+        return crop.flip(-1) if sample.flip else crop
+    top, left, height, width = sample.box
     crop = image[:, top : top + height, left : left + width].unsqueeze(0).float()
-    if flip:
+    if sample.flip:
         # Bilinear resizing is mirror-symmetric, so flipping the (smaller) crop first gives the same pixels.
         crop = crop.flip(-1)
     if (height, width) == (size, size):
@@ -808,22 +851,35 @@ def _crop_resize(
                 f"sample {i}: crop box (top, left, height, width) = {boxes[i]} does not fit its "
                 f"{image_w}x{image_h} image"
             )
+        resize = samples[i].resize
+        if resize is not None and (min(resize) < 0 or resize[2] + size > resize[0] or resize[3] + size > resize[1]):
+            raise ValueError(
+                f"sample {i}: a {size}x{size} crop at (top, left) = {resize[2:]} does not fit its image resized to "
+                f"{resize[1]}x{resize[0]}"
+            )
     batched = [i for i, box in enumerate(boxes) if box[2] * box[3] <= max_padded_pixels]
     outliers = [i for i, box in enumerate(boxes) if box[2] * box[3] > max_padded_pixels] if len(batched) < count else []
     grouped = _groups([boxes[i] for i in batched], max_padded_pixels)
     groups = [([batched[k] for k in members], h, w) for members, h, w in grouped]  # sample indices
     in_order = [i for members, _, _ in groups for i in members] == list(range(count))
 
-    # One table of every batched crop's geometry, group after group, one host-to-device copy. Offsets count from the
-    # start of the crop's group: each group is flattened on its own.
-    rows = []
+    # One table of every batched crop's geometry, group after group, and the resize's float parameters, each group's
+    # as one block (:func:`_resize` slices it without a copy): one host-to-device copy. Offsets count from the start of
+    # the crop's group: each group is flattened on its own.
+    rows, blocks = [], []
     for members, _, _ in groups:
         offset = 0
         for i in members:
             _, height, width = shapes[i]
             rows.append((offset, width, height * width, *boxes[i], samples[i].flip, i))
             offset += 3 * height * width
-    table = torch.from_numpy(np.array(rows, dtype=np.int64).reshape(-1, 9)).to(device, non_blocking=True)
+        axes = np.array([_filter_axes(samples[i], shapes[i][1:], size) for i in members], dtype=np.float32)
+        blocks.append(axes.reshape(len(members), 3, 2).transpose(1, 2, 0).reshape(-1))  # lengths, scales, shifts
+    table_bytes = np.array(rows, dtype=np.int64).reshape(-1).view(np.uint8)
+    packed = np.concatenate([table_bytes, *(block.view(np.uint8) for block in blocks)])
+    packed = torch.from_numpy(packed).to(device, non_blocking=True)
+    table = packed[: table_bytes.size].view(torch.int64).view(-1, 9)
+    parameters = packed[table_bytes.size :].view(torch.float32)
 
     start = 0
     for members, padded_h, padded_w in groups:
@@ -843,7 +899,7 @@ def _crop_resize(
                 crop = images[i][:, top : top + crop_h, left : left + crop_w]
                 crops[k, :crop_h, :, :crop_w].copy_(crop.transpose(0, 1))
         crops = crops.to(dtype)  # frees the uint8 copy
-        resized = _resize(crops, meta, size)
+        resized = _resize(crops, meta, parameters[6 * start : 6 * stop], size)
         del crops
         if in_order:
             out[start:stop].copy_(resized)  # the cast in the copy
@@ -852,7 +908,7 @@ def _crop_resize(
         del resized
         start = stop
     for i in outliers:
-        out[i] = _resize_one(images[i], boxes[i], samples[i].flip, size)
+        out[i] = _resize_one(images[i], samples[i], size)
     return out
 
 
@@ -900,13 +956,31 @@ def _gather_strided(flat: torch.Tensor, meta: torch.Tensor, padded_h: int, padde
     return windows[first]
 
 
-def _resize(crops: torch.Tensor, meta: torch.Tensor, size: int) -> torch.Tensor:
+def _filter_axes(sample: Encoded, shape: Sequence[int], size: int) -> tuple[float, float, float, float, float, float]:
+    """The box's height and width, and the scale and shift of :func:`_filter_weights` along each, of a sample resized
+    to ``size`` from an image of ``shape`` (height, width).
+
+    A RandomResizedCrop resizes its box whole: ``box / size`` input pixels an output, centers from the box's start. A
+    center crop (:attr:`Encoded.resize`) keeps part of the whole image's resize: ``image / resized`` pixels an output,
+    and its output 0 is that resize's output ``top`` (``left``), whose center counts from the image's start, not the
+    box's.
+    """
+    top, left, box_h, box_w = sample.box
+    if sample.resize is None:
+        return box_h, box_w, box_h / size, box_w / size, 0.0, 0.0
+    resized_h, resized_w, into_y, into_x = sample.resize
+    scale_h, scale_w = shape[0] / resized_h, shape[1] / resized_w
+    return box_h, box_w, scale_h, scale_w, into_y * scale_h - top, into_x * scale_w - left
+
+
+def _resize(crops: torch.Tensor, meta: torch.Tensor, parameters: torch.Tensor, size: int) -> torch.Tensor:
     """Antialiased bilinear resize of padded crops ``(n, Hp, 3, Wp)`` to ``(n, 3, size, size)`` (a permuted view),
-    flipping the flagged ones: ``Wy @ crop @ Wx^T`` as two batched matmuls."""
+    flipping the flagged ones: ``Wy @ crop @ Wx^T`` as two batched matmuls. ``parameters``: float32 ``(6 n)``, the
+    box lengths, scales and shifts of :func:`_filter_axes`, each as all heights then all widths."""
     n, padded_h, _, padded_w = crops.shape
-    lengths = meta[:, _CROP_H : _CROP_W + 1].t().reshape(-1).float()  # heights, then widths
+    lengths, scale, shift = parameters.view(3, 2 * n)
     mirror = F.pad(meta[:, _FLIP], (n, 0)).bool()  # the widths of flipped samples
-    weights = _filter_weights(lengths, mirror, size, max(padded_h, padded_w), crops.dtype)
+    weights = _filter_weights(lengths, scale, shift, mirror, size, max(padded_h, padded_w), crops.dtype)
     rows = weights[:n, :, :padded_h]  # (n, size, Hp)
     columns = weights[n:, :, :padded_w].transpose(1, 2)  # (n, Wp, size)
     half = torch.bmm(rows, crops.view(n, padded_h, 3 * padded_w))  # (n, size, 3 * Wp)
@@ -915,20 +989,26 @@ def _resize(crops: torch.Tensor, meta: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def _filter_weights(
-    lengths: torch.Tensor, mirror: torch.Tensor, size: int, padded: int, dtype: torch.dtype
+    lengths: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    mirror: torch.Tensor,
+    size: int,
+    padded: int,
+    dtype: torch.dtype,
 ) -> torch.Tensor:
-    """``(m, size, padded)`` weights of ``F.interpolate(mode="bilinear", antialias=True)`` from ``lengths[j]`` input
-    pixels to ``size`` outputs, zero past the input's length; row order reversed where ``mirror``. Computed in float32,
-    returned in ``dtype``.
+    """``(m, size, padded)`` weights of ``F.interpolate(mode="bilinear", antialias=True)`` on ``lengths[j]`` input
+    pixels, ``scale[j]`` input pixels per output and output ``i`` centered at ``(i + 0.5) * scale + shift`` (the input's
+    pixel ``x`` at ``x + 0.5``), zero past the input's length; row order reversed where ``mirror``. Computed in
+    float32, returned in ``dtype``.
 
-    As in ATen's ``_upsample_bilinear2d_aa``: ``scale = length / size``, output ``i``'s center ``(i + 0.5) * scale``,
-    weight of input ``x`` ``max(0, 1 - |x + 0.5 - center| / max(scale, 1))`` over ``0 <= x < length``, normalized.
+    As in ATen's ``_upsample_bilinear2d_aa``: weight of input ``x`` ``max(0, 1 - |x + 0.5 - center| / max(scale, 1))``
+    over ``0 <= x < length``, normalized. A box resized whole has ``scale = length / size`` and ``shift = 0``.
     """
     steps = torch.arange(size, dtype=torch.float32, device=lengths.device)
     steps = torch.where(mirror[:, None], size - 1 - steps, steps) + 0.5  # (m, size)
-    scale = lengths / size
     inverse = 1.0 / scale.clamp(min=1.0)
-    center = steps * (scale * inverse)[:, None]  # (m, size), in units of the filter's half-width
+    center = torch.addcmul(shift[:, None], steps, scale[:, None]) * inverse[:, None]  # in the filter's half-widths
     x = torch.arange(padded, dtype=torch.float32, device=lengths.device) + 0.5
     weights = torch.addcmul(-center[:, :, None], x, inverse[:, None, None])  # (m, size, padded): the distance
     weights.abs_().neg_().add_(1.0).clamp_(min=0.0)  # the triangle

@@ -188,6 +188,27 @@ def test_gpu_decode_matches_cpu_decode(tmp_path: Path):
     assert (on_gpu.cpu() - on_cpu).abs().mean() < 5.0
 
 
+def test_gpu_validation_crop_is_torchvisions_resize_and_center_crop():
+    import torchvision.transforms.v2.functional as F2
+
+    from gpu_decode import Encoded, center_crop_geometry, decode_crop_resize
+
+    generator = torch.Generator().manual_seed(0)
+    samples, references = [], []
+    for height, width in [(375, 500), (500, 333), (200, 200), (180, 240), (256, 1200)]:
+        pixels = torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=generator)  # noise: the worst
+        box, resize = center_crop_geometry(height, width, 256, 224)
+        samples.append(Encoded(pixels, False, box, False, resize=resize))
+        whole = F2.resize(pixels.cuda().float(), [256], antialias=True)
+        references.append(F2.center_crop(whole, [224, 224]))
+    out = decode_crop_resize(samples, torch.device("cuda"), 224)
+    difference = (out - torch.stack(references)).abs()
+    # fp16 matmuls (weights to 11 bits, the first pass stored in fp16): on the CPU in fp16 the same batch measures a
+    # mean of 0.027 and a max of 0.21 of 255. The box rounded to whole source pixels that this path used before was
+    # off by 21 on average on this noise (by 0.4-1.4 on smooth photos).
+    assert difference.mean() < 0.1 and difference.max() < 1.0
+
+
 def test_split_decode_copies_the_finished_crops_exactly_and_decodes_the_rest(tmp_path: Path):
     from functools import partial
 

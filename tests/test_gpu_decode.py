@@ -24,7 +24,7 @@ from gpu_decode import (
     EncodedSampleLoader,
     PackedBatch,
     _groups,
-    center_box,
+    center_crop_geometry,
     decode_batch,
     decode_crop_resize,
     decode_crop_resize_reference,
@@ -145,20 +145,56 @@ def test_train_boxes_fit_the_image_and_follow_the_seed(files):
     assert {s.flip for s in first} == {True, False}
 
 
-def test_center_box_is_resize_then_center_crop():
-    assert center_box(375, 500, 256, 224) == (23, 86, 328, 328)
-    assert center_box(224, 224, 224, 224) == (0, 0, 224, 224)
+@pytest.mark.parametrize(
+    ("height", "width", "resize", "crop"),
+    [(375, 500, 256, 224), (500, 375, 256, 224), (333, 500, 256, 224), (224, 224, 224, 224), (100, 640, 73, 64),
+     (1000, 61, 56, 48), (57, 61, 73, 64), (64, 64, 64, 64), (3, 2, 4, 3)],
+)  # fmt: skip
+def test_center_crop_geometry_is_torchvisions_resize_and_center_crop(height, width, resize, crop):
+    box, (resized_h, resized_w, into_y, into_x) = center_crop_geometry(height, width, resize, crop)
+    # Resize's output size and CenterCrop's offset, read off torchvision itself (the values of ``index`` name their
+    # position).
+    assert F2.resize(torch.zeros(1, height, width), [resize], antialias=True).shape[1:] == (resized_h, resized_w)
+    index = torch.arange(resized_h * resized_w, dtype=torch.float32).view(1, resized_h, resized_w)
+    first = int(F2.center_crop(index, [crop, crop])[0, 0, 0])
+    assert (into_y, into_x) == divmod(first, resized_w)
+    # The box holds every source pixel with a weight in the crop, and little more: a pixel outside it changes nothing.
+    top, left, box_h, box_w = box
+    assert 0 <= top and 0 <= left and top + box_h <= height and left + box_w <= width
+    image = torch.rand(1, 3, height, width) * 255
+    changed = image.clone()
+    outside = torch.ones(height, width, dtype=torch.bool)
+    outside[top : top + box_h, left : left + box_w] = False
+    changed[..., outside] = 1000.0
+
+    def val(x: torch.Tensor) -> torch.Tensor:
+        return F2.center_crop(F2.resize(x, [resize], antialias=True), [crop, crop])
+
+    assert torch.equal(val(image), val(changed))
+    # The crop's share of the image, plus the filter's support on each side (at least a pixel) and a margin.
+    scale_h, scale_w = max(height / resized_h, 1.0), max(width / resized_w, 1.0)
+    assert box_h <= crop * height / resized_h + 2 * scale_h + 3
+    assert box_w <= crop * width / resized_w + 2 * scale_w + 3
 
 
-def test_decode_crop_resize_matches_torchvision_on_cpu(files):
+def test_center_crop_geometry_refuses_a_crop_larger_than_the_resize():
+    with pytest.raises(ValueError, match="crop <= resize"):
+        center_crop_geometry(300, 200, 64, 73)
+
+
+def test_validation_crops_are_torchvisions_resize_and_center_crop(files):
     val = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb)
     samples = [val(str(files["jpeg"])), val(str(files["png"]))]
     images, targets = encoded_collate([(samples[0], 3), (samples[1], 5)])
     assert targets.tolist() == [3, 5] and targets.dtype == torch.int64
     out = decode_batch(images, torch.device("cpu"), 64)
     assert out.shape == (2, 3, 64, 64) and out.dtype == torch.float32
-    reference = F2.center_crop(F2.resize(decode_jpeg(read_file(str(files["jpeg"]))).float(), 73, antialias=True), 64)
-    assert (out[0] - reference).abs().mean() < 3.0  # same pixels up to the box's rounding
+    decoded = [decode_jpeg(read_file(str(files["jpeg"]))), torch.from_numpy(np.array(load_rgb(str(files["png"]))))]
+    decoded[1] = decoded[1].permute(2, 0, 1)
+    for got, image in zip(out, decoded, strict=True):
+        reference = F2.center_crop(F2.resize(image.float(), [73], antialias=True), [64, 64])
+        # The same filter at the same positions, as two matmuls: float rounding only (measured: max 0.005 of 255).
+        torch.testing.assert_close(got, reference, atol=0.02, rtol=0)
 
 
 def test_flip_mirrors_the_crop(files):
@@ -431,12 +467,19 @@ def textured_pixels(width: int, height: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
 
 
-def make_sample(pixels: torch.Tensor, box: tuple[int, int, int, int], flip: bool, encoded: bool) -> Encoded:
+def make_sample(
+    pixels: torch.Tensor,
+    box: tuple[int, int, int, int],
+    flip: bool,
+    encoded: bool,
+    resize: tuple[int, int, int, int] | None = None,
+) -> Encoded:
     if not encoded:
-        return Encoded(pixels, False, box, flip)
+        return Encoded(pixels, False, box, flip, resize=resize)
     buffer = io.BytesIO()
     Image.fromarray(pixels.permute(1, 2, 0).numpy()).save(buffer, "JPEG", quality=90)
-    return Encoded(torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8), True, box, flip)
+    data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    return Encoded(data, True, box, flip, resize=resize)
 
 
 SIZE = 48
@@ -445,7 +488,8 @@ SIZE = 48
 @pytest.fixture(scope="module")
 def mixed_batch() -> list[Encoded]:
     """Downscaling, upscaling (crop smaller than SIZE), identity (crop of SIZE), non-square, tiny (1x1, 3x2), crops at
-    every edge; every third sample a JPEG, the rest pre-decoded pixels; every other one flipped."""
+    every edge; every third sample a JPEG, the rest pre-decoded pixels; every other one flipped; then validation's
+    center crops (Resize + CenterCrop: downscaling, upscaling, identity), a JPEG and pixels each."""
     specs = [  # (width, height, (top, left, height, width))
         (300, 200, (10, 20, 150, 250)),
         (200, 300, (0, 0, 300, 200)),
@@ -463,10 +507,15 @@ def mixed_batch() -> list[Encoded]:
         width, height = 60 + 37 * k, 250 - 11 * k
         box = loader_box(height, width)
         specs.append((width, height, box))
-    return [  # the tiny images travel decoded: nvJPEG's hardware decoder need not take a 3x2 JPEG
+    batch = [  # the tiny images travel decoded: nvJPEG's hardware decoder need not take a 3x2 JPEG
         make_sample(textured_pixels(width, height, seed=k), box, k % 2 == 1, encoded=k % 3 == 0 and width * height > 64)
         for k, (width, height, box) in enumerate(specs)
     ]
+    for k, (width, height, resize) in enumerate([(300, 200, 56), (90, 240, 56), (40, 30, 56), (SIZE, 70, SIZE)]):
+        box, geometry = center_crop_geometry(height, width, resize, SIZE)
+        pixels = textured_pixels(width, height, seed=100 + k)
+        batch.append(make_sample(pixels, box, False, encoded=k % 2 == 0, resize=geometry))
+    return batch
 
 
 def loader_box(height: int, width: int) -> tuple[int, int, int, int]:
@@ -551,7 +600,7 @@ def test_groups_of_similar_crops_and_the_per_image_path_for_outliers(mixed_batch
     assert out.data_ptr() == batch[2].data_ptr()
     torch.testing.assert_close(batch[2:], reference, atol=0.01, rtol=0)
     assert (batch[:2] == -1).all()
-    with pytest.raises(ValueError, match=r"out must be float32 \(24, 3, 48, 48\) on cpu, got torch.float32 \(25,"):
+    with pytest.raises(ValueError, match=r"out must be float32 \(28, 3, 48, 48\) on cpu, got torch.float32 \(29,"):
         decode_crop_resize(mixed_batch, torch.device("cpu"), SIZE, out=batch[1:])
     inside = [box for box in boxes if box[2] * box[3] <= budget]
     groups = _groups(inside, budget)
