@@ -20,10 +20,14 @@ VMs) and then, after a grace period, SIGKILL; a person at a terminal presses Ctr
    where that folder is the same in every submission). The checkpoint is taken at
    the same point as a ``ModelCheckpoint(every_n_train_steps=...)`` one, which Lightning resumes from mid-epoch; the
    data module then serves the rest of the epoch exactly as the stopped run would have (datamodule.py).
-4. The run then stops at once by raising :class:`PreemptedExit` (a ``SystemExit``): no validation, no epoch-end
-   hooks, no further checkpoints (``trainer.should_stop`` would run a validation first and make ``ModelCheckpoint``
-   save a stale top-k file at the epoch end: time a preempted job does not have). Lightning tears the trainer down
-   (loggers are finalized with status ``failed``: the run did not finish) and the process exits.
+4. The run then stops by raising :class:`PreemptedExit` (a ``SystemExit``) at the next hook this callback gets: the
+   next batch's ``on_train_batch_start``, or ``on_validation_start`` or ``on_train_epoch_end`` when one comes first.
+   So the step itself ends as usual, the module's ``on_train_batch_end`` included (which Lightning calls after the
+   callbacks'): on a ``trainer.log_every_n_steps`` step its metrics row is logged, as it would have been. Then no
+   validation, no epoch-end hooks, no further checkpoints (``trainer.should_stop`` would run a validation first and
+   make ``ModelCheckpoint`` save a stale top-k file at the epoch end: time a preempted job does not have). Lightning
+   tears the trainer down (loggers are finalized with status ``failed``, writing what they hold: the run did not
+   finish) and the process exits.
    Exception: **the epoch's last step.** Lightning 2.6 resumes a checkpoint of an epoch's last batch as a finished
    epoch (``FitLoop.reset``), so the resumed run would never validate that epoch, save its best checkpoint or run its
    end hooks. There the checkpoint is saved (a kill during what follows resumes from it, as before), the epoch ends
@@ -173,6 +177,7 @@ class PreemptionHandler(Callback):
         self._step_before_batch: int | None = None  # global_step when the current training batch started
         self._owns_sigterm = False  # whether Lightning's SIGTERM notifier calls our handler instead
         self._stop_at_next_step = 0  # a signal agreed on at an epoch's last step: the stop waits for the epoch's end
+        self._exit_pending = False  # saved and stopped: PreemptedExit at the next hook (after the step's own end)
         self._timer: Timer | None = None  # Lightning's max_time timer, whose per-step broadcast this replaces (DDP)
         self._time_is_up = False  # this rank's timer ran out (the ranks agree on it with the signal flag)
 
@@ -217,7 +222,7 @@ class PreemptionHandler(Callback):
             return
         self.exit_code = self.stopped_at_step = self.checkpoint_path = None
         self._signum, self._announced, self._pending, self._step_before_batch = 0, False, None, None
-        self._stop_at_next_step = 0
+        self._stop_at_next_step, self._exit_pending = 0, False
         if threading.current_thread() is not threading.main_thread():
             rank_zero_warn("PreemptionHandler: fit does not run in the main thread, where signals are handled")
         # Lightning installs its signal handlers after setup and restores the ones it found at teardown, also after
@@ -295,7 +300,16 @@ class PreemptionHandler(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._exit_if_stopped()
         self._step_before_batch = trainer.global_step
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._exit_if_stopped()  # a validation due at the stop's step (val_check_interval) does not run
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._exit_if_stopped()  # the stop's step ended the epoch (max_steps): no epoch-end hooks, no validation
 
     @override
     def on_train_batch_end(
@@ -436,6 +450,8 @@ class PreemptionHandler(Callback):
         return path
 
     def _stop(self, trainer: pl.Trainer, signum: int) -> None:
+        """Saves, and has the next hook exit (:meth:`_exit_if_stopped`): the module's own ``on_train_batch_end``,
+        which Lightning calls after the callbacks', and Lightning's logging of the step run first."""
         path = self._save(trainer, signum)
         self.stopped_at_step = trainer.global_step
         self.exit_code = 0 if _is_lightning_child(trainer) else 128 + signum
@@ -443,7 +459,12 @@ class PreemptionHandler(Callback):
             f"preemption: stopped at step {trainer.global_step}; resume with --ckpt_path {path} "
             f"(exit status {128 + signum})"
         )
-        raise PreemptedExit(self.exit_code)
+        self._exit_pending = True
+
+    def _exit_if_stopped(self) -> None:
+        if self._exit_pending:
+            self._exit_pending = False
+            raise PreemptedExit(self.exit_code)
 
 
 def _max_time_timer(trainer: pl.Trainer) -> Timer | None:

@@ -195,6 +195,49 @@ def test_a_stop_on_an_epochs_last_step_waits_for_its_validation(tmp_path: Path, 
     assert trainer.global_step == 64 and resumed.at_steps == [64]
 
 
+class LogsAtItsBatchEnd(TinyWithValidation):
+    """Logs in its own ``on_train_batch_end`` on log steps, as ImageNetClassifier logs its intervals."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.global_step % self.trainer.log_every_n_steps == 0:
+            self.log("interval_loss", outputs["loss"], on_step=True, on_epoch=False)
+
+
+class TrainingSteps(Callback):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_before_optimizer_step(self, *args: Any) -> None:
+        self.count += 1
+
+
+@pytest.mark.parametrize("max_steps", [-1, 5])
+def test_the_stops_step_ends_as_usual_then_nothing_runs(tmp_path: Path, max_steps: int) -> None:
+    # The signal is seen at step 5: a log step (the module logs its row after the callbacks' hooks) and a step with a
+    # validation due (val_check_interval 5), or with max_steps 5 the run's last step, whose epoch would then end.
+    from pytorch_lightning.loggers import CSVLogger
+
+    handler, validations, steps = PreemptionHandler(), Validations(), TrainingSteps()
+    trainer = tiny_trainer(
+        tmp_path,
+        [handler, SendSignal(signal.SIGTERM, at_batch=3), validations, steps],
+        logger=CSVLogger(tmp_path, name="log", version=0),
+        log_every_n_steps=5,
+        val_check_interval=5,
+        num_sanity_val_steps=0,
+        max_steps=max_steps,
+    )
+    with pytest.raises(PreemptedExit):
+        trainer.fit(LogsAtItsBatchEnd())
+    assert handler.stopped_at_step == 5 and steps.count == 5 and trainer.global_step == 5
+    assert validations.at_steps == []  # the validation due at step 5 did not run
+    rows = (tmp_path / "log" / "version_0" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    logged = [dict(zip(header, row.split(","), strict=True)) for row in rows[1:]]
+    # Lightning's step column counts the steps before this one: the row of step 5, written though the run stopped.
+    assert [row["step"] for row in logged if row.get("interval_loss")] == ["4"]
+
+
 class SignalBeforeTheFirstBatchEnds(Callback):
     """Sends ``signum`` to this process at the start of the fit's first training batch (a scheduler's signal that
     came during start-up or the first micro-batch)."""
