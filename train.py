@@ -319,6 +319,33 @@ class ImageNetCLI(LightningCLI):
         self._argv = [] if hasattr(words, "keys") else [str(word) for word in words]
         super().parse_arguments(parser, args)
         self._last_checkpoint_follows_checkpoint_dirpath()
+        self._batch_limits_as_written()
+
+    def _batch_limits_as_written(self) -> None:
+        """``trainer.limit_*_batches`` counts batches when it is an int and is a fraction when it is a float
+        (Lightning's docs), but Lightning annotates it ``float | int``, so the parser reads ``1`` as ``1.0``: every
+        batch, where ``--trainer.limit_train_batches 1`` asked for one (a smoke test became a whole ImageNet epoch).
+        Each limit whose last source, in the order the parser reads them (the ``--config`` files and the command
+        line), writes a whole number without a point is made an int again (here, for the saved config, and for the
+        trainer: jsonargparse's instantiation reads the config's types afresh)."""
+        self._batch_limits: dict[str, int] = {}
+        subcommand = self.config.get("subcommand")
+        trainer = (self.config[subcommand] if subcommand else self.config).get("trainer")
+        if trainer is None:
+            return
+        written: dict[str, bool] = {}  # key -> the last source wrote an int
+        for position, word in enumerate(self._argv):
+            name, equals, value = word.partition("=")
+            if not equals:
+                value = self._argv[position + 1] if position + 1 < len(self._argv) else ""
+            if name in ("--config", "-c"):
+                written.update(_batch_limits_in_config_file(value))
+            elif name.startswith("--trainer.limit_") and name.endswith("_batches"):
+                written[name[len("--trainer.") :]] = re.fullmatch(r"\s*\+?\d+\s*", value) is not None
+        for key, as_int in written.items():
+            limit = trainer.get(key)
+            if as_int and isinstance(limit, float) and limit.is_integer():
+                trainer[key] = self._batch_limits[key] = int(limit)
 
     def _last_checkpoint_follows_checkpoint_dirpath(self) -> None:
         """``checkpoint.dirpath`` alone puts last.ckpt there too: the folder a user fixes for the checkpoints is then
@@ -471,7 +498,7 @@ class ImageNetCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         try:
-            trainer = super().instantiate_trainer(**kwargs)
+            trainer = super().instantiate_trainer(**{**self._batch_limits, **kwargs})
         except (MisconfigurationException, ValueError) as error:
             # Lightning's checks of the trainer's arguments (devices 0, an unknown strategy, max_epochs -5): its
             # message names the argument; said as the parser's errors rather than at the end of a traceback. A
@@ -524,6 +551,22 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
         # other ranks, and they must parse exactly what rank 0 parsed.
         sys.argv[1:] = args
     return ImageNetCLI(ImageNetClassifier, ImageNetDataModule, args=None if argv is None else args, **CLI_SETTINGS)
+
+
+def _batch_limits_in_config_file(path: str) -> dict[str, bool]:
+    """The ``trainer.limit_*_batches`` that a config file sets, each with whether its value is a YAML int."""
+    try:
+        content = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):  # the parser read it already; a file it could not read sets nothing
+        return {}
+    trainer = content.get("trainer") if isinstance(content, dict) else None
+    if not isinstance(trainer, dict):
+        return {}
+    return {
+        key: isinstance(value, int) and not isinstance(value, bool)
+        for key, value in trainer.items()
+        if isinstance(key, str) and key.startswith("limit_") and key.endswith("_batches")
+    }
 
 
 def _in_lightning(filename: str) -> bool:

@@ -143,6 +143,36 @@ def test_ddp_options_reach_the_strategy_s_ddp_keyword_arguments(
     }
 
 
+@pytest.mark.parametrize(
+    ("in_file", "on_the_command_line", "expected"),
+    [
+        (None, ["--trainer.limit_train_batches", "1"], {"limit_train_batches": 1}),  # one batch, not every batch
+        (None, ["--trainer.limit_train_batches=1.0", "--trainer.limit_val_batches", "0.5"],
+         {"limit_train_batches": 1.0, "limit_val_batches": 0.5}),
+        ("limit_val_batches: 1\nlimit_test_batches: 1.0\n", [], {"limit_val_batches": 1, "limit_test_batches": 1.0}),
+        ("limit_val_batches: 1\n", ["--trainer.limit_val_batches", "1.0"], {"limit_val_batches": 1.0}),  # the last
+        ("limit_val_batches: 1.0\n", ["--trainer.limit_val_batches", "1"], {"limit_val_batches": 1}),
+    ],
+)  # fmt: skip
+def test_a_batch_limit_of_1_means_one_batch(
+    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, main, in_file, on_the_command_line, expected
+) -> None:
+    """Lightning: an int limit counts batches, a float is a fraction; its ``float | int`` annotation made the parser
+    read ``1`` as ``1.0`` (every batch)."""
+    monkeypatch.chdir(tmp_path)
+    real_cli = train.ImageNetCLI
+    monkeypatch.setattr(train, "ImageNetCLI", lambda *a, **k: real_cli(*a, args=k.pop("args")[1:], run=False, **k))
+    extra = []
+    if in_file is not None:
+        (tmp_path / "limits.yaml").write_text("trainer:\n" + "".join(f"  {line}\n" for line in in_file.splitlines()))
+        extra = ["--config", str(tmp_path / "limits.yaml")]
+    cli = main(["--config", str(REPO / "configs" / "quickstart.yaml"), *extra, "--data.root", str(shapes_root),
+                "--trainer.accelerator", "cpu", *on_the_command_line])  # fmt: skip
+    for key, value in expected.items():
+        limit = getattr(cli.trainer, key)
+        assert (limit, type(limit)) == (value, type(value)), key
+
+
 # --- a short fit that learns, and evaluation of its checkpoint ---------------------------------------------------
 @pytest.fixture(scope="module")
 def trained(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory, tiny_args, main) -> dict:
