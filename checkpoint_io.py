@@ -38,8 +38,9 @@ import os
 import secrets
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from fsspec.core import url_to_fs
@@ -87,6 +88,12 @@ def _temporary_name(name: str, folder: Path) -> str:
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save(obj, path)`` through a synced temporary file and an atomic rename (see the module docstring)."""
+    atomic_write(path, lambda file: torch.save(obj, file))
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> None:
+    """``write(file)`` into a synced temporary file in ``path``'s folder, then renamed onto ``path`` (the module
+    docstring's sequence): ``path`` is the old file or the whole new one, never a part."""
     target = Path(path)
     folder = target.parent
     folder.mkdir(parents=True, exist_ok=True)
@@ -100,7 +107,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
             os.close(fd)
             raise
         with f:  # closes the descriptor, also on error
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, target)

@@ -4,7 +4,13 @@ A requeued job resumes into the same run folder (``--trainer.logger.init_args.ve
 Lightning's writer deleted that folder's ``metrics.csv`` when it started: every requeue threw away the loss and
 accuracy history of the segments before it. When train.py says the run resumes, the writer appends instead (with
 the union of both segments' columns). Rows that the interrupted run logged after its last checkpoint stay, and the
-resumed run logs those steps again.
+resumed run logs those steps again; a last row the interrupted run left torn (killed, or a full disk, mid-write) is
+dropped, not continued by the resumed run's first row.
+
+Lightning's writer rewrites the whole file in place when a metric appears that its header lacks (the first
+validation's, or a resumed segment's): a kill or a full disk during that rewrite left the header alone, the history
+gone. Here the rewrite goes through a synced temporary file and a rename (:func:`checkpoint_io.atomic_write`), so the
+file is the old one or the whole new one.
 
 :class:`NewRunFolder` takes back the run folder of a run refused before its first step.
 """
@@ -12,25 +18,72 @@ resumed run logs those steps again.
 from __future__ import annotations
 
 import csv
+import io
 import os
 import shutil
 from pathlib import Path
 
+from fsspec.implementations.local import LocalFileSystem
 from lightning_fabric.utilities.rank_zero import rank_zero_only
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
+from checkpoint_io import atomic_write
 
-class _AppendingWriter(ExperimentWriter):
+
+class _AtomicRewriteWriter(ExperimentWriter):
+    """Lightning's writer, whose rewrite of ``metrics.csv`` with a wider header replaces the file atomically."""
+
+    def save(self) -> None:
+        known = list(self.metrics_keys)
+        try:
+            super().save()
+        except BaseException:
+            # Lightning records new columns before it rewrites the file: after a failed rewrite, the next save would
+            # append rows wider than the header. The rows themselves stay buffered for the next save.
+            self.metrics_keys = known
+            raise
+
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        if not isinstance(self._fs, LocalFileSystem):  # an object store publishes a whole object anyway
+            super()._rewrite_with_new_header(fieldnames)
+            return
+        with open(self.metrics_file_path, newline="") as file:
+            rows = list(csv.DictReader(file))
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write(self.metrics_file_path, lambda file: file.write(text.getvalue().encode()))
+
+
+class _AppendingWriter(_AtomicRewriteWriter):
     """Keeps an existing ``metrics.csv`` and continues it; its header is the columns so far."""
 
     def _check_log_dir_exists(self) -> None:
         if not self._fs.isfile(self.metrics_file_path):
             return
+        if isinstance(self._fs, LocalFileSystem):
+            _drop_a_torn_last_row(Path(self.metrics_file_path))
         with self._fs.open(self.metrics_file_path, "r", newline="") as file:
             header = next(csv.reader(file), [])
         # New columns in the resumed segment make the writer rewrite the file with the union as its header.
         self.metrics_keys = sorted(header)
+
+
+def _drop_a_torn_last_row(path: Path) -> None:
+    """Cuts ``path`` after its last line end: the writer ends every row with one, so anything after it is a row
+    whose writing was cut short, which the next row would otherwise continue."""
+    with open(path, "rb+") as file:
+        size = file.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        file.seek(size - 1)
+        if file.read(1) == b"\n":
+            return
+        file.seek(0)
+        data = file.read()
+        file.truncate(data.rfind(b"\n") + 1)  # a header cut short too: nothing is left, and the header is rewritten
 
 
 class RunLogger(CSVLogger):
@@ -44,9 +97,10 @@ class RunLogger(CSVLogger):
 
     @property
     def experiment(self) -> ExperimentWriter:  # type: ignore[override]
-        if self._experiment is None and self.resuming and rank_zero_only.rank == 0:  # rank 0 writes, as Lightning's
+        if self._experiment is None and rank_zero_only.rank == 0:  # rank 0 writes, as Lightning's
             self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+            writer = _AppendingWriter if self.resuming else _AtomicRewriteWriter
+            self._experiment = writer(log_dir=self.log_dir)
         return super().experiment
 
 

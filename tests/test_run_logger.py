@@ -80,3 +80,47 @@ def test_folders_that_were_there_before_the_run_stay(tmp_path):
     (tmp_path / "runs" / "version_1").mkdir()
     assert folder.remove_if_unused()
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["version_0"]
+
+
+# --- metrics.csv is never left torn ----------------------------------------------------------------------------------
+def read_rows(path: Path) -> list[list[str]]:
+    with path.open(newline="") as file:
+        return list(csv.reader(file))
+
+
+def test_a_failed_rewrite_for_a_new_column_keeps_the_file_as_it_was(tmp_path, monkeypatch):
+    logger = RunLogger(tmp_path, name="run", version=0)
+    writer = logger.experiment
+    for step in range(3):
+        writer.log_metrics({"train_loss": 2.0 - step}, step)
+    writer.save()
+    path = Path(writer.metrics_file_path)
+    before = path.read_bytes()
+    # The first validation adds columns: the file is rewritten with the wider header, and the disk fills meanwhile.
+    writer.log_metrics({"val_acc1": 0.5}, 3)
+
+    def full_disk(self, rows):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        writer.save()
+    assert path.read_bytes() == before  # Lightning's in-place rewrite left the header alone
+    assert [p.name for p in path.parent.iterdir()] == ["metrics.csv"]  # no temporary file left behind
+    monkeypatch.undo()
+    writer.save()  # the next save (the rows are still buffered) writes them under the wider header
+    rows = read_rows(path)
+    assert rows[0] == ["step", "train_loss", "val_acc1"] and len(rows) == 5 and rows[4] == ["3", "", "0.5"]
+
+
+def test_a_resumed_run_drops_the_torn_last_row_of_the_run_before(tmp_path):
+    folder = tmp_path / "run" / "fixed"
+    folder.mkdir(parents=True)
+    (folder / "metrics.csv").write_text("step,train_loss\n0,2.5\n1,2.25\n2,2.")  # killed while writing step 2
+    logger = RunLogger(tmp_path, name="run", version="fixed")
+    logger.resuming = True
+    writer = logger.experiment
+    writer.log_metrics({"train_loss": 2.0}, 2)
+    writer.save()
+    # Continued, the resumed row would have been appended to the torn one: "2,2.2,2.0" (three fields).
+    assert read_rows(folder / "metrics.csv") == [["step", "train_loss"], ["0", "2.5"], ["1", "2.25"], ["2", "2.0"]]
