@@ -567,14 +567,19 @@ class ProfilerWindow(Callback):
     def _export(self, kineto: Any, window: tuple[int, int]) -> None:
         final = self._trace_dir / f"rank{self._rank}_steps{window[0]}-{window[1] - 1}.pt.trace.json"
         partial = final.with_name(f".{final.name}.{os.getpid()}.partial")
+        kinetos_own = partial.with_name(partial.name + ".tmp")  # libkineto writes this, then renames it to partial
         try:
             self._trace_dir.mkdir(parents=True, exist_ok=True)
             kineto.export_chrome_trace(str(partial))
+            if not partial.exists():
+                # libkineto reports a failed write only in its own log ("Failed to write to log file!") and returns.
+                raise OSError(f"the profiler wrote no {partial.name} (a full disk?); its log says why")
             os.replace(partial, final)  # a reader never sees half a trace
         except OSError as error:
             # A full disk at the window's end: the trace is a diagnostic, and the training (and, under DDP, the other
-            # ranks waiting for this one in the step report) goes on without it.
+            # ranks waiting for this one in the step report) goes on without it, and without the part it wrote.
             partial.unlink(missing_ok=True)
+            kinetos_own.unlink(missing_ok=True)
             warnings.warn(f"profile: rank {self._rank} could not write the Kineto trace {final}: {error}", stacklevel=2)
             return
         self.trace_files.append(final)

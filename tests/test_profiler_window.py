@@ -450,6 +450,19 @@ def test_a_trace_that_cannot_be_written_is_a_warning_and_the_cuda_capture_still_
     assert window.trace_files == [] and recorder.balanced()
 
 
+def test_a_trace_libkineto_failed_to_write_is_a_warning_and_leaves_nothing(tmp_path, recorder, monkeypatch):
+    def kineto_on_a_full_disk(self: Any, path: str) -> None:
+        # libkineto writes <path>.tmp, renames it to <path> when done, and on a failed write only logs it.
+        Path(path + ".tmp").write_text("half a trace")
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", kineto_on_a_full_disk)
+    window = ProfilerWindow(start_step=1, num_steps=2, torch_profiler=True, exit_after=False, trace_dir=str(tmp_path))
+    with pytest.warns(UserWarning, match=r"could not write the Kineto trace .*rank0_steps1-2.*wrote no .*full disk"):
+        trainer = fit(tmp_path / "run", window, max_steps=4)
+    assert trainer.global_step == 4 and window.trace_files == []
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]  # neither the trace nor libkineto's part of it
+
+
 def test_a_trace_dir_that_cannot_be_written_is_refused_before_the_first_step(tmp_path, recorder):
     (tmp_path / "a_file").write_text("")
     window = ProfilerWindow(start_step=50, torch_profiler=True, trace_dir=str(tmp_path / "a_file" / "traces"))
