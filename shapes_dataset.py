@@ -112,6 +112,29 @@ def is_complete(root: str | os.PathLike) -> bool:
     return (Path(root) / MANIFEST).is_file()
 
 
+def why_it_cannot_be_drawn(root: str | os.PathLike) -> str | None:
+    """Why the dataset cannot be drawn into ``root`` (``None``: it can, or it is complete). It is drawn beside
+    ``root`` and renamed onto it when finished, so ``root`` must be missing or an empty folder that a rename can
+    replace (a symbolic link to a folder stands for that folder); not a mount point, not a folder of other files."""
+    root = Path(root)
+    target = root.resolve() if root.is_symlink() else root
+    if is_complete(target) or not target.exists():
+        return None
+    if not target.is_dir():
+        return "is a file; point data.root at a missing or empty folder"
+    if any(target.iterdir()):
+        return (
+            f"exists and is not a generated shapes dataset (no {MANIFEST}); point data.root at an empty or missing "
+            "folder, or use data.source: folder for your own images"
+        )
+    if os.path.ismount(target):
+        return (
+            "is a mount point: the dataset is drawn beside it and renamed into its place when finished, which "
+            f"cannot replace a mount point; point data.root at a folder inside it, e.g. {root / 'shapes10'}"
+        )
+    return None
+
+
 def _manifest_seed(root: Path) -> int | None:
     try:
         return json.loads((root / MANIFEST).read_text()).get("seed")
@@ -141,9 +164,11 @@ def generate(
         The dataset folder.
 
     Raises:
-        FileExistsError: ``root`` exists, is not empty and is not a dataset this function generated.
+        FileExistsError: ``root`` exists and cannot take the dataset (:func:`why_it_cannot_be_drawn`): a file, a
+            folder of other files, a mount point.
     """
-    root = Path(root)
+    given = Path(root)
+    root = given.resolve() if given.is_symlink() else given  # a link to a folder: drawn into that folder
     if is_complete(root):
         drawn_with = _manifest_seed(root)
         if drawn_with is not None and drawn_with != seed:
@@ -154,12 +179,10 @@ def generate(
                 f"{seed}, point data.root at a new folder",
                 stacklevel=2,
             )
-        return root
-    if root.exists() and any(root.iterdir()):
-        raise FileExistsError(
-            f"{root} exists and is not a generated shapes dataset (no {MANIFEST}); "
-            "point data.root at an empty or missing folder, or use data.source: folder for your own images"
-        )
+        return given
+    problem = why_it_cannot_be_drawn(given)
+    if problem:
+        raise FileExistsError(f"{given} {problem}")
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.partial-", dir=root.parent))
     try:
@@ -178,6 +201,11 @@ def generate(
             "seed": seed,
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        # mkdtemp makes the folder private (0700); published, it is a folder like any other (0777 less the umask), so
+        # that other users, or jobs of another uid on shared storage, can read it.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)
         try:
             try:
                 root.rmdir()  # empty (checked above); rename cannot replace a directory
@@ -193,4 +221,4 @@ def generate(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return root
+    return given

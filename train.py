@@ -433,6 +433,10 @@ class ImageNetCLI(LightningCLI):
             unwritable = why_unwritable(Path(str(folder)))
             if unwritable:
                 self._refuse(f"{key} {folder}: {unwritable}; pass a folder this job can write to")
+        if "data.root" in folders:
+            problem = shapes_dataset.why_it_cannot_be_drawn(str(root))
+            if problem:
+                self._refuse(f"data.root {root} {problem} (data.source: generated draws the dataset there)")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config

@@ -682,6 +682,17 @@ def test_folders_the_run_cannot_write_to_are_refused_before_it_starts(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_generated_data_root_of_other_files_is_refused_before_it_starts(
+    shapes_root: Path, tmp_path: Path, tiny_args, refused
+) -> None:
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "a.JPEG").write_text("")
+    args = tiny_args(shapes_root, tmp_path / "run")
+    said = refused(["fit", *args, "--data.source", "generated", "--data.root", str(tmp_path / "photos")])
+    assert said.startswith(f"error: data.root {tmp_path / 'photos'} exists and is not a generated shapes dataset")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_complete_generated_dataset_is_only_read_and_need_not_be_writable(
     shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch: pytest.MonkeyPatch
 ) -> None:
