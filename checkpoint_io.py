@@ -155,7 +155,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     @override
     def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(path, *args, **kwargs)
+        try:
+            checkpoint = super().load_checkpoint(path, *args, **kwargs)
+        except (RuntimeError, EOFError) as error:
+            # A file cut short (copied or synced while written, a full disk elsewhere than this app's atomic saves):
+            # torch's message says "zip archive" or "ran out of input". Said in a line (train.py shows a ValueError
+            # that starts with "--ckpt_path " as a parser error), where ``--ckpt_path last`` got a traceback.
+            if not (isinstance(error, EOFError) or "PytorchStreamReader" in str(error)):
+                raise
+            said = (str(error).splitlines() or [""])[0] or type(error).__name__
+            raise ValueError(
+                f"--ckpt_path {path} cannot be read: it is cut short or not a checkpoint ({said}); pass an intact "
+                "checkpoint file (an earlier one of the folder, e.g. best-*.ckpt)"
+            ) from error
         if isinstance(checkpoint, dict):
             repair_epoch_progress(checkpoint)
         return checkpoint

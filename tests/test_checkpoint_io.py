@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import re
 import signal
 import stat
 import time
@@ -171,6 +172,16 @@ def test_file_is_synced_before_the_rename_and_the_folder_after(tmp_path: Path, m
     assert Path(events[0][1]).parent == tmp_path and Path(events[0][1]).name.startswith(".b.ckpt.")
     assert events[1][1] == str(path)
     assert events[2][1] == str(tmp_path)
+
+
+@pytest.mark.parametrize("kept", [0.0, 0.5])
+def test_a_checkpoint_cut_short_is_said_in_a_line(tmp_path: Path, kept: float) -> None:
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint(checkpoint(3), path)
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * kept)])  # copied or synced while it was written
+    with pytest.raises(ValueError, match=rf"^--ckpt_path {re.escape(str(path))} cannot be read: it is cut short"):
+        AtomicCheckpointIO().load_checkpoint(path)
 
 
 def test_failed_save_removes_its_temporary_file(tmp_path: Path) -> None:

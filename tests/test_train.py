@@ -693,6 +693,17 @@ def test_a_generated_data_root_of_other_files_is_refused_before_it_starts(
     assert not (tmp_path / "run").exists()
 
 
+def test_ckpt_path_last_on_a_file_cut_short_is_refused_in_a_line(
+    shapes_root: Path, tmp_path: Path, tiny_args, refused
+) -> None:
+    # Lightning resolves "last" itself, after the parse-time checks of a named file: it gave a 45-line traceback.
+    (tmp_path / "ckpts").mkdir()
+    (tmp_path / "ckpts" / "last.ckpt").write_bytes(b"PK\x03\x04" + b"\0" * 100)  # the start of a zip archive
+    args = tiny_args(shapes_root, tmp_path / "run")
+    said = refused(["fit", *args, "--last_checkpoint.dirpath", str(tmp_path / "ckpts"), "--ckpt_path", "last"])
+    assert said.startswith(f"error: --ckpt_path {tmp_path / 'ckpts' / 'last.ckpt'} cannot be read: it is cut short")
+
+
 def test_a_complete_generated_dataset_is_only_read_and_need_not_be_writable(
     shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch: pytest.MonkeyPatch
 ) -> None:
