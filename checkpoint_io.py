@@ -14,9 +14,10 @@ previous checkpoint is gone. :class:`AtomicCheckpointIO` makes the sequence dura
 If anything fails before the rename (serialization error, full disk, an exception), the temporary file is removed
 and the target is untouched. A process killed with SIGKILL mid-save cannot clean up: it leaves a hidden
 ``.<name>.<pid>.<random>.tmp`` next to the target (``<name>`` shortened where the whole would exceed the folder's
-longest file name), which nothing reads (``ModelCheckpoint`` and ``--ckpt_path last``
-only look at ``*.ckpt`` files) and which can be deleted. Remote paths (``s3://`` and other fsspec URLs) go to
-``TorchCheckpointIO`` unchanged: object stores publish an object only once it is complete.
+longest file name), which nothing reads (``ModelCheckpoint`` and ``--ckpt_path last`` only look at ``*.ckpt``
+files). The next save of the same name removes such a file once it is :data:`STALE_AFTER_S` old and its process no
+longer runs on this machine, so that kills do not pile up checkpoint-sized files. Remote paths (``s3://`` and other
+fsspec URLs) go to ``TorchCheckpointIO`` unchanged: object stores publish an object only once it is complete.
 
 **Loading** repairs one inconsistency of Lightning 2.6's loop progress (:func:`repair_epoch_progress`), so that a
 run can be resumed mid-epoch any number of times. Resumed from a checkpoint taken after the last batch of an epoch
@@ -34,10 +35,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import os
 import secrets
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -69,6 +72,11 @@ def fsync_dir(folder: str | os.PathLike) -> None:
             raise
     finally:
         os.close(fd)
+
+
+#: Age after which a temporary file of a save whose process is gone is removed (a save in progress on another machine
+#: of a shared filesystem, whose process this machine cannot see, keeps writing to its file well within this).
+STALE_AFTER_S = 600.0
 
 
 def _temporary_name(name: str, folder: Path) -> str:
@@ -116,6 +124,34 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> N
             os.unlink(temp)
         raise
     fsync_dir(folder)
+    remove_stale_temporaries(target)
+
+
+def remove_stale_temporaries(target: Path) -> list[Path]:
+    """Removes the temporary files of earlier saves of ``target`` that a kill left behind (their process gone, not
+    written for :data:`STALE_AFTER_S`); returns them."""
+    prefix = _temporary_name(target.name, target.parent).rsplit(".", 3)[0] + "."  # ".<name>."
+    removed = []
+    now = time.time()
+    for candidate in target.parent.glob(glob.escape(prefix) + "*.tmp"):
+        pid = candidate.name[len(prefix) :].split(".")[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _runs(int(pid)):
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
+            if now - candidate.stat().st_mtime >= STALE_AFTER_S:
+                candidate.unlink()
+                removed.append(candidate)
+    return removed
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): it runs
+        return True
+    return True
 
 
 def repair_epoch_progress(checkpoint: dict[str, Any]) -> bool:

@@ -12,11 +12,13 @@ interrupted run never leaves a half-written dataset that a later run would mista
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -135,6 +137,22 @@ def why_it_cannot_be_drawn(root: str | os.PathLike) -> str | None:
     return None
 
 
+#: A staging folder not written to for this long belongs to a killed draw (one draws a class in about a second).
+ABANDONED_AFTER_S = 600.0
+
+
+def _remove_abandoned_drafts(root: Path) -> None:
+    """Removes the staging folders (``.<name>.partial-*`` beside ``root``) of draws killed before they published."""
+    now = time.time()
+    for staging in root.parent.glob(glob.escape(f".{root.name}.partial-") + "*"):
+        try:
+            newest = max([staging.stat().st_mtime, *(p.stat().st_mtime for p in staging.rglob("*"))])
+        except OSError:  # published or removed meanwhile by the process drawing it
+            continue
+        if now - newest >= ABANDONED_AFTER_S:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
 def _manifest_seed(root: Path) -> int | None:
     try:
         return json.loads((root / MANIFEST).read_text()).get("seed")
@@ -169,6 +187,7 @@ def generate(
     """
     given = Path(root)
     root = given.resolve() if given.is_symlink() else given  # a link to a folder: drawn into that folder
+    _remove_abandoned_drafts(root)
     if is_complete(root):
         drawn_with = _manifest_seed(root)
         if drawn_with is not None and drawn_with != seed:

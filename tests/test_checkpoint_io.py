@@ -18,7 +18,7 @@ import pytorch_lightning as pl
 import torch
 
 import checkpoint_io
-from checkpoint_io import AtomicCheckpointIO, repair_epoch_progress
+from checkpoint_io import STALE_AFTER_S, AtomicCheckpointIO, repair_epoch_progress
 
 #: Exit status of a child that "died" on purpose in the middle of a save.
 DIED = 37
@@ -126,6 +126,24 @@ def test_killed_save_leaves_the_previous_checkpoint(tmp_path: Path, mode: str) -
     assert leftovers[0].stat().st_size > 0
     # ... and nothing that looks for checkpoints picks it up.
     assert sorted(p.name for p in path.parent.glob("*.ckpt")) == ["last.ckpt"]
+
+
+def test_the_next_save_removes_what_a_killed_save_left_once_it_is_stale(tmp_path: Path) -> None:
+    path, _ = kill_during_save(tmp_path, "sigkill-mid-write")
+    (left,) = temp_files(path.parent)
+    alive = path.parent / f".last.ckpt.{os.getppid()}.0badc0de.tmp"  # a save in progress (its process runs)
+    other = path.parent / f".best.ckpt.{left.name.split('.')[3]}.0badc0de.tmp"  # another checkpoint's
+    for file in (alive, other):
+        file.write_bytes(b"part")
+    plugin = AtomicCheckpointIO()
+    plugin.save_checkpoint(checkpoint(3), path)
+    assert temp_files(path.parent) == sorted([left, alive, other])  # just killed: it may be another machine's save
+    old = time.time() - STALE_AFTER_S - 1
+    for file in (left, alive, other):
+        os.utime(file, (old, old))
+    plugin.save_checkpoint(checkpoint(4), path)
+    assert temp_files(path.parent) == sorted([alive, other])
+    assert_version(path, 4)
 
 
 def test_the_same_kill_corrupts_a_plain_save(tmp_path: Path) -> None:

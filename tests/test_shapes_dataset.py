@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,24 @@ def test_the_published_dataset_is_readable_by_others_as_the_umask_allows(tmp_pat
     finally:
         os.umask(previous)
     assert stat.S_IMODE(root.stat().st_mode) == 0o755  # mkdtemp's 0700 before
+
+
+def test_the_staging_folders_of_killed_draws_are_removed_once_abandoned(tmp_path: Path) -> None:
+    root = tmp_path / "shapes10"
+    killed = tmp_path / ".shapes10.partial-abc123"  # a draw killed half-way
+    image = killed / "train" / "circle" / "circle_00000.JPEG"
+    image.parent.mkdir(parents=True)
+    image.write_bytes(b"jpeg")
+    drawing = tmp_path / ".shapes10.partial-def456"  # another process drawing now
+    drawing.mkdir()
+    other = tmp_path / ".other.partial-abc123"  # another dataset's
+    other.mkdir()
+    old = time.time() - shapes_dataset.ABANDONED_AFTER_S - 1
+    for path in (killed, killed / "train", image.parent, image, other):
+        os.utime(path, (old, old))
+    shapes_dataset.generate(root, **SMALL)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".other.partial-abc123",
+        ".shapes10.partial-def456",
+        "shapes10",
+    ]
