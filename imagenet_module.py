@@ -296,10 +296,27 @@ class ImageNetClassifier(pl.LightningModule):
         super().__init__()
         if num_classes < 2:
             raise ValueError(f"model.num_classes must be >= 2 (a classifier needs two classes), got {num_classes}")
+        # A NaN passes every comparison below, and YAML writes one as .nan: each bound is checked finite first.
+        numbers = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "warmup_epochs": warmup_epochs,
+                   "lr_gamma": lr_gamma, "label_smoothing": label_smoothing}  # fmt: skip
+        for key, value in numbers.items():
+            if not math.isfinite(value):
+                raise ValueError(f"model.{key} must be a finite number, got {value}")
         if lr <= 0:
             raise ValueError(f"model.lr must be > 0, got {lr}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"model.momentum must be in [0, 1) (the recipe's: 0.9), got {momentum}")
+        if weight_decay < 0:
+            raise ValueError(f"model.weight_decay must be >= 0 (the recipe's: 1e-4), got {weight_decay}")
+        if nesterov and momentum == 0:
+            raise ValueError("model.nesterov needs model.momentum > 0 (Nesterov momentum of no momentum is plain SGD)")
         if warmup_epochs < 0:
             raise ValueError(f"model.warmup_epochs must be >= 0, got {warmup_epochs}")
+        if lr_gamma <= 0:
+            raise ValueError(
+                f"model.lr_gamma must be > 0 (the step schedule multiplies the rate by it; the recipe's: 0.1), got "
+                f"{lr_gamma}"
+            )
         if sorted(lr_milestones) != list(lr_milestones) or any(m < 1 for m in lr_milestones):
             raise ValueError(f"model.lr_milestones must be increasing epochs >= 1, got {lr_milestones}")
         if not 0.0 <= label_smoothing < 1.0:
@@ -540,18 +557,26 @@ class ImageNetClassifier(pl.LightningModule):
         self._last_global_step, self._interval_start, self._paused_at = self.global_step, None, None
 
     def _warn_of_a_schedule_past_the_end(self) -> None:
-        """Says when a run of ``trainer.max_epochs`` ends before a milestone of its LR recipe (the 90-epoch recipe's,
-        left in a shorter run's config): its decays would never happen, without a word. Not for a run that
-        ``trainer.max_steps`` cuts short (a profiling or benchmark job is short on purpose)."""
+        """Says when a run of ``trainer.max_epochs`` ends before a milestone of its step schedule (the 90-epoch
+        recipe's, left in a shorter run's config) or inside its warmup: its decays would never happen, or it would
+        never reach its rate, without a word. Not for a run that ``trainer.max_steps`` cuts short (a profiling or
+        benchmark job is short on purpose)."""
         trainer = self.trainer
         epochs = trainer.max_epochs
         if trainer.max_steps not in (-1, None) or epochs in (None, -1):
             return
-        late = [m for m in self.hparams.lr_milestones if m >= epochs]
+        h = self.hparams
+        late = [m for m in h.lr_milestones if m >= epochs] if h.lr_schedule == "step" else []  # cosine ignores them
         if late:
             rank_zero_warn(
                 f"model.lr_milestones {late} at or past trainer.max_epochs {epochs}: the learning rate never decays "
                 "there; lower them, or train longer"
+            )
+        if h.warmup_epochs > epochs:
+            rank_zero_warn(
+                f"model.warmup_epochs {h.warmup_epochs} is longer than trainer.max_epochs {epochs}: the run ends "
+                f"before the learning rate reaches model.lr x global batch / 256; lower model.warmup_epochs, or train "
+                "longer"
             )
 
     def _lr_scheduler(self) -> torch.optim.lr_scheduler.LambdaLR | None:

@@ -472,6 +472,16 @@ def test_weights_that_do_not_fit_are_summarized(resnet18_weights: tuple[Path, di
         ({"label_smoothing": 1.0}, r"model.label_smoothing must be in \[0, 1\)"),
         ({"batch_size": 0}, "model.batch_size must be >= 1"),
         ({"compile_tuning": True}, r"model.compile_tuning .*set model.compile \(default, reduce-overhead"),
+        ({"momentum": -0.5}, r"model.momentum must be in \[0, 1\)"),
+        ({"momentum": 1.0}, r"model.momentum must be in \[0, 1\)"),
+        ({"weight_decay": -1.0}, "model.weight_decay must be >= 0"),
+        ({"momentum": 0.0, "nesterov": True}, "model.nesterov needs model.momentum > 0"),
+        ({"lr_gamma": -1.0}, "model.lr_gamma must be > 0"),
+        ({"lr_gamma": 0.0}, "model.lr_gamma must be > 0"),
+        ({"lr": float("nan")}, "model.lr must be a finite number, got nan"),  # YAML's .nan passed every bound
+        ({"lr": float("inf")}, "model.lr must be a finite number, got inf"),
+        ({"momentum": float("nan")}, "model.momentum must be a finite number"),
+        ({"warmup_epochs": float("nan")}, "model.warmup_epochs must be a finite number"),
     ],
 )
 def test_invalid_arguments(kwargs: dict, message: str) -> None:
@@ -907,6 +917,17 @@ def test_milestones_past_max_epochs_are_said_and_a_max_steps_run_is_left_alone()
         short_on_purpose = pl.Trainer(accelerator="cpu", max_steps=2, **QUIET)
         short_on_purpose.fit(linear_classifier(lr_milestones=[300]), random_loader(2))
     assert not [w for w in caught if "lr_milestones" in str(w.message)]
+
+
+def test_a_warmup_longer_than_the_run_is_said_and_cosine_milestones_are_not() -> None:
+    model = ImageNetClassifier(arch="resnet18", num_classes=10, batch_size=6, warmup_epochs=5, lr_schedule="cosine")
+    model.model = RecordingLinear(3 * 2 * 2, 10)  # lr_milestones left at the recipe's [30, 60, 80]: cosine ignores them
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pl.Trainer(accelerator="cpu", max_epochs=2, **QUIET).fit(model, random_loader(2))
+    said = [str(w.message) for w in caught]
+    assert any(m.startswith("model.warmup_epochs 5 is longer than trainer.max_epochs 2: the run ends") for m in said)
+    assert not [m for m in said if "lr_milestones" in m]
 
 
 def test_a_checkpoint_at_a_validation_inside_an_epoch_carries_the_epochs_loss_so_far(tmp_path) -> None:
