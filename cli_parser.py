@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 import re
 import sys
 import warnings
@@ -33,6 +34,7 @@ class ReadableErrorsParser(LightningArgumentParser):
 
     def parse_args(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
         self._given = [str(a) for a in (sys.argv[1:] if args is None else args)] if not hasattr(args, "keys") else []
+        self._cwd = os.getcwd()  # the parser changes into each config file's folder while it reads it
         return super().parse_args(args, *more, **kwargs)
 
     def print_usage(self, file: IO[str] | None = None) -> None:
@@ -41,8 +43,9 @@ class ReadableErrorsParser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         parser = getattr(ex, "subcommand_parser", None) or self
-        message = _name_the_config_file(message, self._given or [])
-        super().error(message + _suggestion(message, parser, self._given or []) + _precision_hint(message), ex)
+        message = _name_the_config_file(message, self._given or [], getattr(self, "_cwd", os.getcwd()))
+        hints = _suggestion(message, parser, self._given or []) + _precision_hint(message)
+        super().error(message + hints + _empty_section_hint(message), ex)
 
 
 def _suggestion(message: str, parser: Any, given: list[str]) -> str:
@@ -61,16 +64,34 @@ def _suggestion(message: str, parser: Any, given: list[str]) -> str:
     return hint
 
 
-def _name_the_config_file(message: str, given: list[str]) -> str:
-    """A YAML syntax error says ``in "<unicode string>", line 2``: the ``--config`` file that does not parse instead."""
+def _name_the_config_file(message: str, given: list[str], cwd: str) -> str:
+    """A YAML syntax error says ``in "<unicode string>", line 2``: the ``--config`` file that does not parse instead
+    (read from ``cwd``, where the command line's relative paths start)."""
     if '"<unicode string>"' not in message:
         return message
     for path in option_values(given, ("--config", "-c")):
         try:
-            yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError):
+            yaml.safe_load((Path(cwd) / path).read_text())
+        except OSError:
+            continue  # the parser says so itself
+        except yaml.YAMLError:
             return message.replace('"<unicode string>"', path)
     return message
+
+
+_KEY_NOT_FOUND = re.compile(r'Key "(model|data)\.[\w.]+" not found in namespace')
+
+
+def _empty_section_hint(message: str) -> str:
+    """A config file's ``model:`` or ``data:`` whose keys are all commented out is a null that the parser's links
+    then fail on, naming a key nobody wrote."""
+    found = _KEY_NOT_FOUND.search(message)
+    if found is None:
+        return ""
+    section = found.group(1)
+    return (
+        f"\nis '{section}:' empty (null) in a config file, every key under it commented out? remove it, or give it keys"
+    )
 
 
 #: ``trainer.precision`` values, for the hint under jsonargparse's dump of the type's union.

@@ -71,6 +71,12 @@ def classification_archs() -> list[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
+#: What the module logs: every log_every_n_steps steps (train_*), per training epoch (train_loss_epoch), per
+#: validation (val_*); what a checkpoint callback may monitor or name in its file name (train.py checks it).
+LOGGED_METRICS = (
+    "train_loss", "train_acc1", "train_acc5", "train_img_s", "train_loss_epoch", "val_loss", "val_acc1", "val_acc5"
+)  # fmt: skip
+
 #: torchvision classifiers with auxiliary heads, built without them (``aux_logits=False``).
 AUX_HEAD_ARCHS = ("googlenet", "inception_v3")
 #: The state_dict prefixes of those heads (googlenet's, inception_v3's).

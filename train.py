@@ -13,6 +13,7 @@ Every option lives in the config and can be overridden on the command line (``--
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 import traceback
@@ -44,7 +45,7 @@ from callbacks.resumable_checkpoint import ResumableCheckpoint
 from checkpoint_io import AtomicCheckpointIO, why_unwritable
 from cli_parser import ReadableErrorsParser, tidy_console
 from datamodule import ImageNetDataModule
-from imagenet_module import ImageNetClassifier
+from imagenet_module import LOGGED_METRICS, ImageNetClassifier
 from run_logger import NewRunFolder, RunLogger
 
 try:
@@ -440,7 +441,10 @@ class ImageNetCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        self._refuse_empty_sections(config)
         self._refuse_unwritable_folders(config)
+        if self.subcommand in (None, "fit"):
+            self._refuse_bad_training_options(config)
         precision = str(config.trainer.precision)
         accelerator = str(config.trainer.accelerator)
         mps = accelerator == "gpu" and torch.backends.mps.is_available()  # Lightning's "gpu" is also Apple's
@@ -461,6 +465,51 @@ class ImageNetCLI(LightningCLI):
                 f"trainer.precision {precision} (fp16 autocast) needs a CUDA GPU and this run is on the CPU; "
                 "valid here: bf16-mixed, 32-true"
             )
+
+    def _refuse_empty_sections(self, config: Any) -> None:
+        """A config file's section whose keys are all commented out (``profile:`` then ``#  start_step: 20``) is a
+        YAML null, which the parser takes: it reached the checks below as an AttributeError."""
+        for key in ("trainer", "profile", "checkpoint", "last_checkpoint", "preemption"):
+            if key in config and config.get(key) is None:
+                self._refuse(
+                    f"{key}: the section is empty (null) in a config file: every key under it commented out? Remove "
+                    f"the line '{key}:' or give it keys"
+                )
+
+    def _refuse_bad_training_options(self, config: Any) -> None:
+        """Options that Lightning takes as given and that fail (or train wrong) only later: a monitored metric the
+        module never logs fails after the first epoch and its validation; a negative clip value turns the gradient
+        around; no accumulation divides by zero in the learning-rate schedule."""
+        trainer = config.trainer
+        clip = trainer.get("gradient_clip_val")
+        if clip is not None and not clip >= 0:  # NaN included
+            self._refuse(f"trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got {clip}")
+        accumulate = trainer.get("accumulate_grad_batches")
+        if accumulate is not None and accumulate < 1:
+            self._refuse(f"trainer.accumulate_grad_batches must be >= 1 (1: a step per batch), got {accumulate}")
+        # Metrics logged by callbacks of the user's own could be monitored too: then a warning, not a refusal.
+        theirs = bool(trainer.get("callbacks"))
+        known = (*LOGGED_METRICS, "train_bad_images", "val_bad_images")
+        for section in ("checkpoint", "last_checkpoint"):
+            options = config.get(section) or {}
+            if options.get("mode") not in (None, "min", "max"):
+                self._refuse(f"{section}.mode must be min or max, got {options.get('mode')!r}")
+            if options.get("save_top_k") is not None and options.get("save_top_k") < -1:
+                self._refuse(f"{section}.save_top_k must be >= -1 (-1: every checkpoint), got {options['save_top_k']}")
+            names = [(f"{section}.monitor", options.get("monitor"))]
+            names += [(f"{section}.filename", name) for name in _placeholders(options.get("filename") or "")]
+            for key, name in names:
+                if name is None or name in known or name in ("epoch", "step"):  # Lightning gives a callback both
+                    continue
+                # The closest name, the first listed among equals (val_acc: val_acc1, not val_acc5).
+                score = {k: difflib.SequenceMatcher(None, name, k).ratio() for k in known}
+                close = max(known, key=lambda k: (score[k], -known.index(k)))
+                guess = f"; did you mean {close!r}?" if score[close] >= 0.6 else ""
+                logged = ", ".join(LOGGED_METRICS)
+                said = f"{key} names {name!r}, which this module does not log{guess} (it logs: {logged})"
+                if not theirs:
+                    self._refuse(said)
+                rank_zero_warn(said + "; fine if a callback of trainer.callbacks logs it")
 
     def instantiate_classes(self) -> None:
         try:
@@ -571,6 +620,11 @@ def _batch_limits_in_config_file(path: str) -> dict[str, bool]:
         for key, value in trainer.items()
         if isinstance(key, str) and key.startswith("limit_") and key.endswith("_batches")
     }
+
+
+def _placeholders(filename: str) -> list[str]:
+    """The metric names of a ``ModelCheckpoint`` file name's ``{name}`` and ``{name:format}`` fields."""
+    return [match.group(1).strip() for match in re.finditer(r"\{([^{}:]+)(?::[^{}]*)?\}", filename)]
 
 
 def _in_lightning(filename: str) -> bool:

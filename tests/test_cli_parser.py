@@ -53,6 +53,32 @@ def test_a_config_file_that_does_not_parse_is_named(tmp_path: Path, capsys, monk
     assert f"in {config}, line 2" in err and "<unicode string>" not in err  # YAML's own name for the text
 
 
+def test_the_second_config_file_is_named_when_paths_are_relative(tmp_path: Path, capsys, monkeypatch) -> None:
+    # The parser changes into each config file's folder while reading it: the first file, relative, could not be read
+    # from there and was blamed.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "first.yaml").write_text("trainer:\n  max_steps: 3\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "broken.yaml").write_text("model:\n  arch: [resnet18\ndata: {}\n")
+    err = error_of(["fit", "--config", "first.yaml", "--config", "sub/broken.yaml"], capsys, monkeypatch)
+    assert "in sub/broken.yaml, line 2" in err and "first.yaml" not in err
+
+
+@pytest.mark.parametrize(
+    ("section", "said"),
+    [("profile", "error: profile: the section is empty (null) in a config file"),
+     ("checkpoint", "error: checkpoint: the section is empty (null) in a config file"),
+     ("trainer", "error: trainer: the section is empty (null) in a config file"),
+     ("model", "is 'model:' empty (null) in a config file"),
+     ("data", "is 'data:' empty (null) in a config file")],
+)  # fmt: skip
+def test_a_section_with_every_key_commented_out_is_said(section, said, tmp_path: Path, capsys, monkeypatch) -> None:
+    config = tmp_path / "mine.yaml"
+    config.write_text(f"{section}:\n#  some_key: 20\n")
+    err = error_of(["fit", "--config", QUICKSTART, "--config", str(config)], capsys, monkeypatch)
+    assert "Traceback" not in err and said in err
+
+
 def test_a_wrong_precision_is_told_the_valid_values(capsys, monkeypatch) -> None:
     err = error_of(["fit", "--config", QUICKSTART, "--trainer.precision", "fp16"], capsys, monkeypatch)
     assert err.splitlines()[-1] == (

@@ -704,6 +704,36 @@ def test_ckpt_path_last_on_a_file_cut_short_is_refused_in_a_line(
     assert said.startswith(f"error: --ckpt_path {tmp_path / 'ckpts' / 'last.ckpt'} cannot be read: it is cut short")
 
 
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [(["--trainer.gradient_clip_val", "-1"], "trainer.gradient_clip_val must be >= 0"),
+     (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches must be >= 1"),
+     (["--checkpoint.monitor", "val_acc"], "checkpoint.monitor names 'val_acc', which this module does not log; "
+                                           "did you mean 'val_acc1'?"),
+     (["--last_checkpoint.monitor", "val_accc"], "last_checkpoint.monitor names 'val_accc'"),
+     (["--checkpoint.filename", "best-{val_acc:.4f}"], "checkpoint.filename names 'val_acc'"),
+     (["--checkpoint.mode", "maximum"], "checkpoint.mode must be min or max, got 'maximum'"),
+     (["--checkpoint.save_top_k", "-2"], "checkpoint.save_top_k must be >= -1")],
+)  # fmt: skip
+def test_training_options_that_would_fail_or_train_wrong_later_are_refused_now(
+    option: list[str], said: str, shapes_root: Path, tmp_path: Path, tiny_args, refused
+) -> None:
+    # The monitor failed after the first epoch and its validation; a negative clip value turned the gradient around.
+    assert refused(["fit", *tiny_args(shapes_root, tmp_path / "run"), *option]).startswith(f"error: {said}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_monitor_a_callback_of_the_users_may_log_is_a_warning(
+    shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_cli = train.ImageNetCLI
+    monkeypatch.setattr(train, "ImageNetCLI", lambda *a, **k: real_cli(*a, args=k.pop("args")[1:], run=False, **k))
+    args = [*tiny_args(shapes_root, tmp_path), "--checkpoint.monitor", "lr-SGD", "--trainer.callbacks",
+            "LearningRateMonitor"]  # fmt: skip
+    with pytest.warns(UserWarning, match="checkpoint.monitor names 'lr-SGD'.*fine if a callback of trainer.callbacks"):
+        main(["fit", *args])
+
+
 def test_a_complete_generated_dataset_is_only_read_and_need_not_be_writable(
     shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch: pytest.MonkeyPatch
 ) -> None:
