@@ -405,8 +405,15 @@ class ImageNetDataModule(pl.LightningDataModule):
             )
         if not 0.0 < min_crop_scale <= 1.0:
             raise ValueError(f"data.min_crop_scale must be in (0, 1], got {min_crop_scale}")
-        if min(synthetic_num_classes, synthetic_train_steps, synthetic_val_steps, prefetch_factor) < 1:
-            raise ValueError("data.synthetic_* and data.prefetch_factor must be >= 1")
+        if synthetic_num_classes < 2:
+            raise ValueError(
+                f"data.synthetic_num_classes must be >= 2 (a classifier needs two classes), got {synthetic_num_classes}"
+            )
+        if min(synthetic_train_steps, synthetic_val_steps, prefetch_factor) < 1:
+            raise ValueError(
+                "data.synthetic_train_steps, data.synthetic_val_steps and data.prefetch_factor must be >= 1, got "
+                f"{synthetic_train_steps}, {synthetic_val_steps}, {prefetch_factor}"
+            )
         if not 0.0 <= cpu_decode_share <= 1.0:
             raise ValueError(
                 f"data.cpu_decode_share must be in [0, 1] (the share of files the workers decode), got "

@@ -109,6 +109,12 @@ def build_model(arch: str, num_classes: int, weights: str | None = None) -> torc
     return model
 
 
+def _starts_as_a_zip(path: Path) -> bool:
+    """Whether ``path`` begins as torch.save's zip archive does (a torn one too, unlike ``zipfile.is_zipfile``)."""
+    with path.open("rb") as file:
+        return file.read(4) == b"PK\x03\x04"
+
+
 def _load_weights(model: torch.nn.Module, arch: str, num_classes: int, path: Path) -> None:
     """Loads the torchvision ``state_dict`` file ``path`` into ``model`` (``arch``, ``num_classes``-way head).
 
@@ -132,8 +138,8 @@ def _load_weights(model: torch.nn.Module, arch: str, num_classes: int, path: Pat
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
         if found:  # a whole model saved by torch.save(model), or a checkpoint holding other objects
             holds = f"it pickles a {found[1]} object, not only tensors"
-        elif isinstance(error, pickle.UnpicklingError):
-            holds = "torch.load cannot read it: not a torch.save file"
+        elif isinstance(error, pickle.UnpicklingError) or not _starts_as_a_zip(path):
+            holds = "torch.load cannot read it: not a torch.save file"  # a text file gave "KeyError: 101"
         else:  # a torn download of the right file: torch's reason ("failed finding central directory")
             reason = (str(error).splitlines() or [""])[0]
             holds = f"torch.load cannot read it: {type(error).__name__}: {reason}"

@@ -14,6 +14,7 @@ Every option lives in the config and can be overridden on the command line (``--
 from __future__ import annotations
 
 import difflib
+import inspect
 import re
 import sys
 import traceback
@@ -532,15 +533,20 @@ class ImageNetCLI(LightningCLI):
                     # concerns a fit that goes on; validate and test save nothing.
                     warnings.filterwarnings("ignore", message="The dirpath has changed from")
                 super()._run_subcommand(subcommand)
-        except (ValueError, FileNotFoundError) as error:
+        except (ValueError, FileNotFoundError, MisconfigurationException) as error:
             # The checks that need the data or the world size run in setup (a batch larger than a rank's share of the
             # images, a profiled rank past the world size): said as instantiate_classes says the others, and the
-            # run folder the logger made for the refused run taken back (it holds the config at most).
-            if not str(error).startswith(CONFIG_SECTIONS):
+            # run folder the logger made for the refused run taken back (it holds the config at most). So are
+            # Lightning's own checks of a trainer option against the data (`val_check_interval` (1000) must be ...).
+            said = str(error).strip()
+            option = _trainer_option_named_by(error)
+            if option is not None:
+                said = f"trainer.{option}: {said}"
+            elif not said.startswith(CONFIG_SECTIONS):
                 raise
             if new_folder is not None:
                 new_folder.remove_if_unused()
-            self._refuse(str(error))
+            self._refuse(said)
 
     def _new_run_folder(self) -> NewRunFolder | None:
         """The folders the logger is about to create for this run (rank 0, which writes them), if it is a CSV logger."""
@@ -620,6 +626,16 @@ def _batch_limits_in_config_file(path: str) -> dict[str, bool]:
         for key, value in trainer.items()
         if isinstance(key, str) and key.startswith("limit_") and key.endswith("_batches")
     }
+
+
+def _trainer_option_named_by(error: BaseException) -> str | None:
+    """The ``Trainer`` argument a check of Lightning's names in backquotes (```val_check_interval` (1000) must be
+    ...``), when Lightning raised ``error``; else ``None``."""
+    raised_in = traceback.extract_tb(error.__traceback__)[-1].filename if error.__traceback__ else ""
+    if not _in_lightning(raised_in):
+        return None
+    options = inspect.signature(pl.Trainer.__init__).parameters
+    return next((name for name in re.findall(r"`(\w+)", str(error)) if name in options), None)
 
 
 def _placeholders(filename: str) -> list[str]:

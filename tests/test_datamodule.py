@@ -679,11 +679,12 @@ def test_bad_root_through_train_py_exits_nonzero_naming_the_path(tmp_path: Path,
     ("kwargs", "message"),
     [
         ({"batch_size": 0}, "data.batch_size must be >= 1"),
+        ({"source": "synthetic", "synthetic_num_classes": 1}, "data.synthetic_num_classes must be >= 2"),
+        ({"synthetic_val_steps": 0}, r"data.synthetic_train_steps, .* must be >= 1, got 100, 0, "),
         ({"workers": -1}, "data.workers must be >= 0"),
         ({"val_resize_size": 32, "val_crop_size": 48}, r"data.val_crop_size \(48\) is larger"),
         ({"min_crop_scale": 0.0}, "data.min_crop_scale must be in"),
         ({"crop_size": 0}, "must be >= 1"),
-        ({"synthetic_val_steps": 0}, "data.synthetic_"),
     ],
 )
 def test_invalid_arguments(kwargs: dict, message: str) -> None:

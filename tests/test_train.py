@@ -723,6 +723,17 @@ def test_training_options_that_would_fail_or_train_wrong_later_are_refused_now(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [(["--trainer.val_check_interval", "1000"], "trainer.val_check_interval: `val_check_interval` (1000) must be"),
+     (["--trainer.limit_train_batches", "0.0001"], "trainer.limit_train_batches: You requested to check 0.0001")],
+)  # fmt: skip
+def test_lightnings_checks_against_the_data_are_one_line_naming_the_option(
+    option: list[str], said: str, shapes_root: Path, tmp_path: Path, tiny_args, refused
+) -> None:
+    assert refused(["fit", *tiny_args(shapes_root, tmp_path / "run"), *option]).startswith(f"error: {said}")
+
+
 def test_a_monitor_a_callback_of_the_users_may_log_is_a_warning(
     shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch: pytest.MonkeyPatch
 ) -> None:
