@@ -488,7 +488,12 @@ def _resume(args: argparse.Namespace, translation: Translation, arch_typed: bool
             )
         return []
     path = Path(args.resume)
+    if path.is_dir():
+        example = path / "checkpoint.pth.tar"
+        raise MigrationError(f"--resume {path} is a folder; pass the checkpoint file (e.g. {example})")
     if not path.is_file():
+        # A requeued job passes --resume from its first submission on, before the file exists: so the original went
+        # on from scratch, and so does this, with the note.
         if args.start_epoch:
             raise MigrationError(
                 f"--resume {path}: no such file, and --start-epoch {args.start_epoch} alone cannot be honoured"

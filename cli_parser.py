@@ -43,7 +43,9 @@ class ReadableErrorsParser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         parser = getattr(ex, "subcommand_parser", None) or self
-        message = _name_the_config_file(message, self._given or [], getattr(self, "_cwd", os.getcwd()))
+        cwd = getattr(self, "_cwd", os.getcwd())
+        message = _name_the_config_file(message, self._given or [], cwd)
+        message = _name_the_file_that_is_no_mapping(message, self._given or [], cwd)
         hints = _suggestion(message, parser, self._given or []) + _precision_hint(message)
         super().error(message + hints + _empty_section_hint(message), ex)
 
@@ -76,6 +78,22 @@ def _name_the_config_file(message: str, given: list[str], cwd: str) -> str:
             continue  # the parser says so itself
         except yaml.YAMLError:
             return message.replace('"<unicode string>"', path)
+    return message
+
+
+def _name_the_file_that_is_no_mapping(message: str, given: list[str], cwd: str) -> str:
+    """jsonargparse's ``Unexpected config: <content>`` for a ``--config`` file that is empty or not a mapping of keys:
+    the file and what it holds instead."""
+    if not message.startswith("Unexpected config"):
+        return message
+    for path in option_values(given, ("--config", "-c")):
+        try:
+            content = yaml.safe_load((Path(cwd) / path).read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if not isinstance(content, dict):
+            holds = "nothing" if content is None else f"a {type(content).__name__}"
+            return f"--config {path} holds {holds}, not keys (e.g. 'trainer:' with 'max_epochs: 90' under it)"
     return message
 
 

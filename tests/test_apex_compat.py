@@ -691,6 +691,8 @@ def test_a_converted_checkpoint_resumed_in_other_units_maps_the_lr_schedule(
 def test_resume_variants(tmp_path: Path) -> None:
     argv, notes = apex_compat.translate(["--resume", str(tmp_path / "nothing.pth.tar"), "./"], environ={})
     assert "--ckpt_path" not in argv and any("no checkpoint found" in note for note in notes)  # as the original
+    with pytest.raises(apex_compat.MigrationError, match=r"--resume .* is a folder; pass the checkpoint file"):
+        apex_compat.translate(["--resume", str(tmp_path), "./"], environ={})  # it trained from scratch
     torch.save({"pytorch-lightning_version": "2.6.6", "state_dict": {}, "epoch": 3}, tmp_path / "last.ckpt")
     argv, _ = apex_compat.translate(["--resume", str(tmp_path / "last.ckpt"), "./"], environ={})
     assert options(argv)["--ckpt_path"] == str(tmp_path / "last.ckpt")  # a Lightning checkpoint as is

@@ -79,6 +79,14 @@ def test_a_section_with_every_key_commented_out_is_said(section, said, tmp_path:
     assert "Traceback" not in err and said in err
 
 
+@pytest.mark.parametrize(("content", "holds"), [("", "nothing"), ("- a\n- b\n", "a list")])
+def test_a_config_file_without_keys_is_named(content, holds, tmp_path: Path, capsys, monkeypatch) -> None:
+    config = tmp_path / "mine.yaml"
+    config.write_text(content)
+    err = error_of(["fit", "--config", QUICKSTART, "--config", str(config)], capsys, monkeypatch)
+    assert f"error: --config {config} holds {holds}, not keys" in err  # was "Unexpected config: " and its content
+
+
 def test_a_wrong_precision_is_told_the_valid_values(capsys, monkeypatch) -> None:
     err = error_of(["fit", "--config", QUICKSTART, "--trainer.precision", "fp16"], capsys, monkeypatch)
     assert err.splitlines()[-1] == (
