@@ -141,12 +141,15 @@ def tidy_console(app_dir: str) -> None:
     """The console output around the parser's: the application's warnings as ``file:line: message`` (as Lightning
     prints its own; Python's format adds the source line that raised it, ``  rank_zero_warn(``, which says nothing),
     and without Lightning 2.6's advert for its cloud logger at the start of every run (this application logs to
-    metrics.csv). Once per process, however often it is called.
+    metrics.csv) or its deprecation notice about torch's pytree. Once per process, however often it is called.
 
     Args:
         app_dir: The application's folder: UserWarnings raised from its files (not from packages installed in it).
     """
     logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_without_litlogger_tip)  # a set: once
+    # Lightning 2.6's own use of torch's pytree (its _pytree.py) under torch >= 2.13, once per run: nothing for the
+    # user to change (filterwarnings keeps one entry however often it is called).
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     if getattr(warnings.formatwarning, "without_source_line", False):
         return
     previous = warnings.formatwarning

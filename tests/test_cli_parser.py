@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import cli_parser
 import train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -134,3 +135,12 @@ def test_the_apps_warnings_print_without_their_source_line(capsys, monkeypatch) 
         f"{app_file}:7: said\n"
     )
     assert "rank_zero_warn" in warnings.formatwarning(UserWarning("said"), UserWarning, torch_file, 7, "rank_zero_warn")
+
+
+def test_lightnings_pytree_deprecation_notice_is_not_printed(monkeypatch) -> None:
+    monkeypatch.setattr(warnings, "filters", list(warnings.filters))  # the suite's filters as they were, afterwards
+    cli_parser.tidy_console(str(REPO))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning, stacklevel=1)
+        warnings.warn("another deprecation", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["another deprecation"]
