@@ -10,12 +10,18 @@ class, more with more GPUs). Fewer, e.g. ``--train-per-class 50``, suit bench/pi
 Decode cost depends on pixel count and entropy, so the images mimic ImageNet's, not its content: random sizes and
 aspect ratios in ImageNet's typical range, smooth colour fields plus textured noise tuned so that a q90 JPEG weighs
 about what an ImageNet train JPEG does (~110 KB on average). Parallel over processes; deterministic per seed.
+
+The folder is written under a temporary name beside it (``.<name>.partial``) and renamed into place when complete, so
+an interrupted run leaves no folder of fewer images that a benchmark would then take for the whole one; a folder that
+holds anything already is refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -67,10 +73,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
-    jobs = [(a.root, "train", c, a.train_per_class, a.seed) for c in range(a.classes)]
-    jobs += [(a.root, "val", c, a.val_per_class, a.seed) for c in range(a.classes)]
+    if a.root.exists() and (not a.root.is_dir() or any(a.root.iterdir())):
+        sys.exit(f"make_jpeg_folder.py: {a.root} exists and is not an empty folder; pass a new one")
+    staging = a.root.with_name(f".{a.root.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)  # an interrupted run's
+    jobs = [(staging, "train", c, a.train_per_class, a.seed) for c in range(a.classes)]
+    jobs += [(staging, "val", c, a.val_per_class, a.seed) for c in range(a.classes)]
     with ProcessPoolExecutor(a.processes) as pool:
         total = sum(pool.map(write_class, jobs))
+    if a.root.exists():
+        a.root.rmdir()  # empty (checked above): a rename cannot replace a folder
+    os.replace(staging, a.root)
     count = a.classes * (a.train_per_class + a.val_per_class)
     print(f"{count} JPEGs in {a.root}, {total / count / 1024:.0f} KB on average")
 

@@ -187,6 +187,18 @@ def test_the_table_names_the_statistic(pil_decode_rate, tmp_path, capsys) -> Non
 # bench/make_jpeg_folder.py
 
 
+def test_the_folder_appears_whole_and_a_full_one_is_refused(tmp_path) -> None:
+    # As a script: its process pool pickles its functions by module name.
+    script, root = ROOT / "bench" / "make_jpeg_folder.py", tmp_path / "jpegs"
+    (tmp_path / ".jpegs.partial" / "train").mkdir(parents=True)  # an interrupted run's
+    options = ["--classes", "2", "--train-per-class", "2", "--val-per-class", "1", "--processes", "1"]
+    subprocess.run([sys.executable, str(script), str(root), *options], check=True, timeout=60)
+    assert len(list(root.glob("train/*/*.JPEG"))) == 4 and len(list(root.glob("val/*/*.JPEG"))) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jpegs"]
+    again = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "exists and is not an empty folder" in again.stderr
+
+
 def test_the_default_folder_is_one_bench_throughput_takes(make_jpeg_folder, bench_script) -> None:
     """100 classes of 64 (6,400 images) were refused by bench/throughput.py's epoch check at its defaults."""
     throughput = bench_script("throughput")
