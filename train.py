@@ -629,12 +629,15 @@ def _batch_limits_in_config_file(path: str) -> dict[str, bool]:
 
 
 def _trainer_option_named_by(error: BaseException) -> str | None:
-    """The ``Trainer`` argument a check of Lightning's names in backquotes (```val_check_interval` (1000) must be
-    ...``), when Lightning raised ``error``; else ``None``."""
-    raised_in = traceback.extract_tb(error.__traceback__)[-1].filename if error.__traceback__ else ""
-    if not _in_lightning(raised_in):
+    """The ``Trainer`` argument that a check of Lightning's while it sets up the data names in backquotes
+    (```val_check_interval` (1000) must be ...``), when Lightning raised ``error`` there; else ``None`` (an error
+    during training keeps its traceback)."""
+    frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ else []
+    if not frames or not _in_lightning(frames[-1].filename):
         return None
-    options = inspect.signature(pl.Trainer.__init__).parameters
+    if not any(frame.name == "setup_data" and _in_lightning(frame.filename) for frame in frames):
+        return None
+    options = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
     return next((name for name in re.findall(r"`(\w+)", str(error)) if name in options), None)
 
 
