@@ -20,14 +20,16 @@ VMs) and then, after a grace period, SIGKILL; a person at a terminal presses Ctr
    where that folder is the same in every submission). The checkpoint is taken at
    the same point as a ``ModelCheckpoint(every_n_train_steps=...)`` one, which Lightning resumes from mid-epoch; the
    data module then serves the rest of the epoch exactly as the stopped run would have (datamodule.py).
-4. The run then stops by raising :class:`PreemptedExit` (a ``SystemExit``) at the next hook this callback gets: the
-   next batch's ``on_train_batch_start``, or ``on_validation_start`` or ``on_train_epoch_end`` when one comes first.
-   So the step itself ends as usual, the module's ``on_train_batch_end`` included (which Lightning calls after the
-   callbacks'): on a ``trainer.log_every_n_steps`` step its metrics row is logged, as it would have been. Then no
-   validation, no epoch-end hooks, no further checkpoints (``trainer.should_stop`` would run a validation first and
-   make ``ModelCheckpoint`` save a stale top-k file at the epoch end: time a preempted job does not have). Lightning
-   tears the trainer down (loggers are finalized with status ``failed``, writing what they hold: the run did not
-   finish) and the process exits.
+4. The run then stops by raising :class:`PreemptedExit` (a ``SystemExit``) as soon as Lightning has logged the step:
+   the step's other batch-end hooks run first, the module's ``on_train_batch_end`` among them (Lightning calls it
+   after the callbacks'), so on a ``trainer.log_every_n_steps`` step its metrics row is logged as it would have been
+   (the exit comes from Lightning's ``update_train_step_metrics``, shadowed for this; where a Lightning lacks it, at
+   the next hook this callback gets: the next batch's start, a validation's start or the epoch's end). The
+   checkpoint callbacks (:class:`~callbacks.resumable_checkpoint.ResumableCheckpoint`) save nothing more at this
+   step. Then no validation, no epoch-end hooks, no further checkpoints, no next batch (``trainer.should_stop`` would
+   run a validation first and make ``ModelCheckpoint`` save a stale top-k file at the epoch end: time a preempted job
+   does not have). Lightning tears the trainer down (loggers are finalized with status ``failed``, writing what they
+   hold: the run did not finish) and the process exits.
    Exception: **the epoch's last step.** Lightning 2.6 resumes a checkpoint of an epoch's last batch as a finished
    epoch (``FitLoop.reset``), so the resumed run would never validate that epoch, save its best checkpoint or run its
    end hooks. There the checkpoint is saved (a kill during what follows resumes from it, as before), the epoch ends
@@ -329,8 +331,12 @@ class PreemptionHandler(Callback):
                 "all ranks agree on"
             )
             print(rank_prefixed_message(message, trainer.global_rank), file=sys.stderr, flush=True)
+        if self._exit_pending:
+            return
         if self._stop_at_next_step:
-            self._stop(trainer, self._stop_at_next_step)  # the first step after the epoch's end
+            signum, self._stop_at_next_step = self._stop_at_next_step, 0
+            self._stop(trainer, signum)  # the first step after the epoch's end
+            return
         if step % self.check_every_n_steps:
             return
         agreed = self._agreed_signal()
@@ -450,8 +456,7 @@ class PreemptionHandler(Callback):
         return path
 
     def _stop(self, trainer: pl.Trainer, signum: int) -> None:
-        """Saves, and has the next hook exit (:meth:`_exit_if_stopped`): the module's own ``on_train_batch_end``,
-        which Lightning calls after the callbacks', and Lightning's logging of the step run first."""
+        """Saves, and exits once Lightning has logged the step (see the module docstring, item 4)."""
         path = self._save(trainer, signum)
         self.stopped_at_step = trainer.global_step
         self.exit_code = 0 if _is_lightning_child(trainer) else 128 + signum
@@ -460,6 +465,19 @@ class PreemptionHandler(Callback):
             f"(exit status {128 + signum})"
         )
         self._exit_pending = True
+        connector = getattr(trainer, "_logger_connector", None)
+        log_the_step = getattr(connector, "update_train_step_metrics", None)
+        if callable(log_the_step):
+
+            def log_the_step_then_exit() -> None:
+                log_the_step()
+                self._exit_if_stopped()
+
+            self._shadow(connector, "update_train_step_metrics", log_the_step_then_exit)
+
+    def stops_at(self, trainer: pl.Trainer) -> bool:
+        """Whether this callback saved at this step and the run exits after it: nothing else need save here."""
+        return self._exit_pending and self.stopped_at_step == trainer.global_step
 
     def _exit_if_stopped(self) -> None:
         if self._exit_pending:

@@ -41,6 +41,11 @@ Both are no-ops in a run that was not resumed.
    run has one and at epoch ends only when it has none, so with ``check_val_every_n_epoch`` > 1 ``last.ckpt`` fell up
    to that many epochs minus one behind (a run's last epochs were in no file). Here an epoch end without a validation
    saves the unmonitored checkpoint (every ``every_n_epochs``); the monitored one has no new score there.
+
+6. **Nothing more at a preemption's step.** The preemption handler saves ``last.ckpt`` at the step where the ranks
+   agree to stop, and the run exits once Lightning has logged that step (callbacks/preemption.py); a save of either
+   checkpoint at that step (``every_n_train_steps`` due, or the step ``max_steps`` or a window's ``exit_after`` ends
+   the fit at) would only spend the grace period on a second copy.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_warn
 
+from callbacks.preemption import PreemptionHandler
 from callbacks.ranges import checkpoint_range
 from image_loading import BadImageError
 
@@ -109,6 +115,8 @@ class ResumableCheckpoint(ModelCheckpoint):
             if trainer.should_stop and inside_the_epoch(trainer):
                 trainer.should_stop, self._stop_after_the_step = False, True
             return
+        if any(isinstance(c, PreemptionHandler) and c.stops_at(trainer) for c in trainer.callbacks):
+            return  # item 6: the preemption handler saved this step into last.ckpt, and the run exits
         if self._stop_after_the_step:
             trainer.should_stop, self._stop_after_the_step = True, False
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import callbacks.ranges
 import shapes_dataset
 from callbacks.preemption import PreemptedExit, PreemptionHandler, WorkerSignalShield, _no_sigterm_broadcast
+from callbacks.resumable_checkpoint import ResumableCheckpoint
 from checkpoint_io import AtomicCheckpointIO
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
@@ -173,10 +174,10 @@ class Validations(Callback):
 def test_a_stop_on_an_epochs_last_step_waits_for_its_validation(tmp_path: Path, epochs: int) -> None:
     # 32 steps an epoch; the signal is seen at step 32, the epoch's last. Lightning would resume a checkpoint there as
     # a finished epoch, without the epoch's validation and best checkpoint: they run before the stop, at step 33.
-    handler, validations = PreemptionHandler(), Validations()
+    handler, validations, steps = PreemptionHandler(), Validations(), TrainingSteps()
     best = ModelCheckpoint(dirpath=tmp_path / "ckpts", monitor="val_loss", filename="best-{epoch}")
     last = ModelCheckpoint(dirpath=tmp_path / "ckpts", filename="last", monitor=None, enable_version_counter=False)
-    callbacks = [handler, SendSignal(signal.SIGTERM, at_batch=30), validations, best, last]
+    callbacks = [handler, SendSignal(signal.SIGTERM, at_batch=30), validations, best, last, steps]
     trainer = tiny_trainer(tmp_path, callbacks, enable_checkpointing=True, max_epochs=epochs)
     if epochs == 1:
         trainer.fit(TinyWithValidation())  # the epoch was the run's last: it ends as usual, with status 0
@@ -187,6 +188,8 @@ def test_a_stop_on_an_epochs_last_step_waits_for_its_validation(tmp_path: Path, 
         trainer.fit(TinyWithValidation())
     assert validations.at_steps == [32] and (tmp_path / "ckpts" / "best-epoch=0.ckpt").exists()
     assert handler.stopped_at_step == 33 and handler.checkpoint_path == str(tmp_path / "ckpts" / "last.ckpt")
+    # The handler's save at 32, the epoch end's (best and last), the stop's at 33: once each (33 was saved twice).
+    assert steps.saves == [32, 32, 32, 33]
     saved = load(tmp_path / "ckpts" / "last.ckpt")
     assert (saved["global_step"], saved["epoch"]) == (33, 1)
     resumed = Validations()  # the rest of epoch 1, validated at its end
@@ -204,11 +207,21 @@ class LogsAtItsBatchEnd(TinyWithValidation):
 
 
 class TrainingSteps(Callback):
+    """Counts optimizer steps, training batches started and checkpoint saves (by the step they were taken at)."""
+
     def __init__(self) -> None:
         self.count = 0
+        self.batches_started = 0
+        self.saves: list[int] = []
 
     def on_before_optimizer_step(self, *args: Any) -> None:
         self.count += 1
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.batches_started += 1
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.saves.append(trainer.global_step)
 
 
 @pytest.mark.parametrize("max_steps", [-1, 5])
@@ -218,9 +231,12 @@ def test_the_stops_step_ends_as_usual_then_nothing_runs(tmp_path: Path, max_step
     from pytorch_lightning.loggers import CSVLogger
 
     handler, validations, steps = PreemptionHandler(), Validations(), TrainingSteps()
+    # As train.py's last_checkpoint: it saves where max_steps ends the fit, and every 5 steps here.
+    last = ResumableCheckpoint(dirpath=tmp_path / "ckpts", filename="last", monitor=None, every_n_train_steps=5)
     trainer = tiny_trainer(
         tmp_path,
-        [handler, SendSignal(signal.SIGTERM, at_batch=3), validations, steps],
+        [handler, SendSignal(signal.SIGTERM, at_batch=3), validations, steps, last],
+        enable_checkpointing=True,
         logger=CSVLogger(tmp_path, name="log", version=0),
         log_every_n_steps=5,
         val_check_interval=5,
@@ -231,6 +247,9 @@ def test_the_stops_step_ends_as_usual_then_nothing_runs(tmp_path: Path, max_step
         trainer.fit(LogsAtItsBatchEnd())
     assert handler.stopped_at_step == 5 and steps.count == 5 and trainer.global_step == 5
     assert validations.at_steps == []  # the validation due at step 5 did not run
+    assert steps.batches_started == 5  # and no next batch started (a profiling window would have opened there)
+    assert steps.saves == [5]  # the handler's save only: last_checkpoint's at this step would be a second copy
+    assert handler.checkpoint_path == str(tmp_path / "ckpts" / "last.ckpt")
     rows = (tmp_path / "log" / "version_0" / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")
     logged = [dict(zip(header, row.split(","), strict=True)) for row in rows[1:]]
