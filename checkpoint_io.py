@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import glob
 import os
 import secrets
 import sys
@@ -130,12 +129,19 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> N
 def remove_stale_temporaries(target: Path) -> list[Path]:
     """Removes the temporary files of earlier saves of ``target`` that a kill left behind (their process gone, not
     written for :data:`STALE_AFTER_S`); returns them."""
-    prefix = _temporary_name(target.name, target.parent).rsplit(".", 3)[0] + "."  # ".<name>."
+    try:
+        longest = os.pathconf(target.parent, "PC_NAME_MAX")
+    except (AttributeError, ValueError, OSError):
+        longest = 255
     removed = []
     now = time.time()
-    for candidate in target.parent.glob(glob.escape(prefix) + "*.tmp"):
-        pid = candidate.name[len(prefix) :].split(".")[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or _runs(int(pid)):
+    for candidate in target.parent.glob(".*.*.*.tmp"):
+        name, pid, _, _ = candidate.name[1:].rsplit(".", 3)
+        # Its own name, or the name shortened to fit (by as many characters as that save's pid had digits).
+        shortened = len(os.fsencode(candidate.name)) >= longest - 3 and target.name.startswith(name)
+        if not (name == target.name or shortened) or not pid.isdigit():
+            continue
+        if int(pid) == os.getpid() or _runs(int(pid)):
             continue
         with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
             if now - candidate.stat().st_mtime >= STALE_AFTER_S:

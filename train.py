@@ -327,9 +327,9 @@ class ImageNetCLI(LightningCLI):
         """``trainer.limit_*_batches`` counts batches when it is an int and is a fraction when it is a float
         (Lightning's docs), but Lightning annotates it ``float | int``, so the parser reads ``1`` as ``1.0``: every
         batch, where ``--trainer.limit_train_batches 1`` asked for one (a smoke test became a whole ImageNet epoch).
-        Each limit whose last source, in the order the parser reads them (the ``--config`` files and the command
-        line), writes a whole number without a point is made an int again (here, for the saved config, and for the
-        trainer: jsonargparse's instantiation reads the config's types afresh)."""
+        Each limit whose last source, in the order the parser reads them (the ``--config`` files, ``--trainer`` files
+        or YAML text, and ``--trainer.limit_*``), writes a whole number without a point is made an int again (here,
+        for the saved config, and for the trainer: jsonargparse's instantiation reads the config's types afresh)."""
         self._batch_limits: dict[str, int] = {}
         subcommand = self.config.get("subcommand")
         trainer = (self.config[subcommand] if subcommand else self.config).get("trainer")
@@ -342,6 +342,8 @@ class ImageNetCLI(LightningCLI):
                 value = self._argv[position + 1] if position + 1 < len(self._argv) else ""
             if name in ("--config", "-c"):
                 written.update(_batch_limits_in_config_file(value))
+            elif name == "--trainer":  # the trainer's own keys: a file of them, or YAML text
+                written.update(_batch_limits_in_trainer_value(value))
             elif name.startswith("--trainer.limit_") and name.endswith("_batches"):
                 written[name[len("--trainer.") :]] = re.fullmatch(r"\s*\+?\d+\s*", value) is not None
         for key, as_int in written.items():
@@ -618,7 +620,20 @@ def _batch_limits_in_config_file(path: str) -> dict[str, bool]:
         content = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError):  # the parser read it already; a file it could not read sets nothing
         return {}
-    trainer = content.get("trainer") if isinstance(content, dict) else None
+    return _batch_limits_in(content.get("trainer") if isinstance(content, dict) else None)
+
+
+def _batch_limits_in_trainer_value(value: str) -> dict[str, bool]:
+    """The same for ``--trainer VALUE``: a file of the trainer's keys, or YAML text (``{limit_val_batches: 1}``)."""
+    try:
+        text = Path(value).read_text() if Path(value).is_file() else value
+        return _batch_limits_in(yaml.safe_load(text))
+    except (OSError, ValueError, yaml.YAMLError):  # a name too long for a path, say; the parser read it already
+        return {}
+
+
+def _batch_limits_in(trainer: Any) -> dict[str, bool]:
+    """``trainer``'s ``limit_*_batches`` keys, each with whether its value is an int."""
     if not isinstance(trainer, dict):
         return {}
     return {

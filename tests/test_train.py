@@ -152,6 +152,8 @@ def test_ddp_options_reach_the_strategy_s_ddp_keyword_arguments(
         ("limit_val_batches: 1\nlimit_test_batches: 1.0\n", [], {"limit_val_batches": 1, "limit_test_batches": 1.0}),
         ("limit_val_batches: 1\n", ["--trainer.limit_val_batches", "1.0"], {"limit_val_batches": 1.0}),  # the last
         ("limit_val_batches: 1.0\n", ["--trainer.limit_val_batches", "1"], {"limit_val_batches": 1}),
+        (None, ["--trainer", "{limit_val_batches: 1, limit_test_batches: 0.5}"],
+         {"limit_val_batches": 1, "limit_test_batches": 0.5}),  # the trainer's keys as YAML text
     ],
 )  # fmt: skip
 def test_a_batch_limit_of_1_means_one_batch(
