@@ -179,7 +179,7 @@ class PreemptionHandler(Callback):
         self._step_before_batch: int | None = None  # global_step when the current training batch started
         self._owns_sigterm = False  # whether Lightning's SIGTERM notifier calls our handler instead
         self._stop_at_next_step = 0  # a signal agreed on at an epoch's last step: the stop waits for the epoch's end
-        self._exit_pending = False  # saved and stopped: PreemptedExit at the next hook (after the step's own end)
+        self._exit_pending = False  # saved and stopped: PreemptedExit once Lightning has logged the step
         self._timer: Timer | None = None  # Lightning's max_time timer, whose per-step broadcast this replaces (DDP)
         self._time_is_up = False  # this rank's timer ran out (the ranks agree on it with the signal flag)
 
