@@ -281,8 +281,9 @@ def check_layout(root: str | os.PathLike) -> list[str]:
     for split in ("train", "val"):
         folder = root / split
         if not folder.is_dir():
+            what = "is a file, not a folder" if folder.exists() else "is missing"
             raise FileNotFoundError(
-                f"data.root: {folder} is missing; expected {root}/train/<class>/ and {root}/val/<class>/ "
+                f"data.root: {folder} {what}; expected {root}/train/<class>/ and {root}/val/<class>/ "
                 "(for an ImageNet val set that is flat, sort it into class folders first)"
             )
         names = class_folders(folder)
@@ -413,6 +414,11 @@ class ImageNetDataModule(pl.LightningDataModule):
             raise ValueError(
                 "data.synthetic_train_steps, data.synthetic_val_steps and data.prefetch_factor must be >= 1, got "
                 f"{synthetic_train_steps}, {synthetic_val_steps}, {prefetch_factor}"
+            )
+        if workers == 0 and prefetch_factor != 2 and source != "synthetic":
+            rank_zero_warn(
+                f"data.prefetch_factor {prefetch_factor} has no effect with data.workers 0: the main process loads "
+                "each batch when it is needed; give data.workers to load ahead"
             )
         if not 0.0 <= cpu_decode_share <= 1.0:
             raise ValueError(

@@ -598,6 +598,9 @@ def test_missing_split(tmp_path: Path, missing: str) -> None:
     (root / ("val" if missing == "train" else "train") / "a").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match=re.escape(f"data.root: {root / missing} is missing")):
         check_layout(root)
+    (root / missing).write_text("")  # a file where the split's folder goes: it said "is missing"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"data.root: {root / missing} is a file, not a folder")):
+        check_layout(root)
 
 
 def test_split_without_class_folders(tmp_path: Path) -> None:
@@ -690,6 +693,11 @@ def test_bad_root_through_train_py_exits_nonzero_naming_the_path(tmp_path: Path,
 def test_invalid_arguments(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ImageNetDataModule(**kwargs)
+
+
+def test_a_prefetch_factor_without_workers_is_said() -> None:
+    with pytest.warns(UserWarning, match="data.prefetch_factor 4 has no effect with data.workers 0"):
+        ImageNetDataModule(root="unused", workers=0, prefetch_factor=4)
 
 
 def test_teardown_closes_the_loaders_it_made_and_their_workers(shapes_root: Path) -> None:
