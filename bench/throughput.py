@@ -506,7 +506,9 @@ def main(argv: list[str] | None = None) -> None:
         faulthandler.dump_traceback_later(float(every or after), repeat=bool(every), exit=not every)
     sys.path.insert(0, str(ROOT))
     import cuda_env
+    from cli_parser import tidy_console
 
+    tidy_console(str(ROOT))  # the console as train.py leaves it (no Lightning advert or pytree notice per variant)
     # As train.py does, before CUDA starts; a value in the environment is kept. The parent's reaches every variant's
     # process, the plain loop's too (one value per run, named in the table); a variant run alone sets its own.
     try:
