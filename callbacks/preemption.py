@@ -225,6 +225,7 @@ class PreemptionHandler(Callback):
         self.exit_code = self.stopped_at_step = self.checkpoint_path = None
         self._signum, self._announced, self._pending, self._step_before_batch = 0, False, None, None
         self._stop_at_next_step, self._exit_pending = 0, False
+        self._timer, self._time_is_up = None, False  # an earlier fit's max_time ran out: not this one's
         if threading.current_thread() is not threading.main_thread():
             rank_zero_warn("PreemptionHandler: fit does not run in the main thread, where signals are handled")
         # Lightning installs its signal handlers after setup and restores the ones it found at teardown, also after

@@ -459,10 +459,14 @@ class ProfilerWindow(Callback):
         self.ranges.pop_if_top(EPOCH_END)
         self.ranges.pop_if_top(VALIDATION)
 
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _restore_validation(self, trainer: pl.Trainer) -> None:
+        """Gives the trainer back the validation that exit_after turned off for the fit's last steps."""
         if self._limit_val_batches is not None:
             trainer.limit_val_batches, self._limit_val_batches = self._limit_val_batches, None
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_validation(trainer)
         if self.enabled:
             self._close_between_steps()
         # A window cut short by the end of training: close it as a full one would be (its Kineto trace exported, the
@@ -598,6 +602,9 @@ class ProfilerWindow(Callback):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Also a preemption's exit at exit_after's step, where on_train_end never comes: a later validate or fit on
+        # this trainer validates again.
+        self._restore_validation(trainer)
         self.close()
 
     @override

@@ -295,6 +295,16 @@ def test_run_without_signal_finishes_normally_and_restores_everything(tmp_path: 
     assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)
 
 
+def test_a_handler_reused_for_another_fit_forgets_the_last_fits_time_limit(tmp_path: Path) -> None:
+    # Under DDP a first fit that max_time stopped left "time is up" set, and the second fit (no max_time) stopped after
+    # two steps on it.
+    handler = PreemptionHandler()
+    handler._timer, handler._time_is_up = object(), True  # as a first fit's max_time stop leaves them
+    trainer = tiny_trainer(tmp_path, [handler], max_steps=3)
+    trainer.fit(Tiny())
+    assert trainer.global_step == 3 and handler._timer is None and handler._time_is_up is False
+
+
 def test_signal_handler_repeats() -> None:
     handler = PreemptionHandler()
     handler._on_signal(signal.SIGTERM, None)

@@ -520,6 +520,23 @@ def test_exit_after_gives_the_validation_setting_back_at_the_end(tmp_path, recor
     assert trainer.global_step == 3 and trainer.limit_val_batches == 1  # stopped after the window; validation back
 
 
+def test_exit_after_gives_the_validation_setting_back_when_the_fit_ends_in_an_exception(tmp_path, recorder):
+    # A preemption's exit (or any error) at exit_after's step: Lightning skips on_train_end, which gave it back.
+    class FailsAtTheWindowsEnd(pl.Callback):
+        trainer: pl.Trainer | None = None
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if trainer.limit_val_batches == 0:  # the window closed at this step, and exit_after turned validation off
+                self.trainer = trainer
+                raise RuntimeError("stopped here")
+
+    failing = FailsAtTheWindowsEnd()
+    with pytest.raises(RuntimeError, match="stopped here"):
+        fit(tmp_path, ProfilerWindow(start_step=1, num_steps=2, report=False), max_steps=8, val_batches=1,
+            extra=[failing])  # fmt: skip
+    assert failing.trainer is not None and failing.trainer.limit_val_batches == 1 and recorder.balanced()
+
+
 def test_exit_after_at_an_epochs_last_step_keeps_that_epochs_validation(tmp_path, recorder):
     class Validations(pl.Callback):
         steps: list[int] = []
