@@ -724,9 +724,12 @@ class ImageNetClassifier(pl.LightningModule):
             self._interval_images = 0
             return
         # The same condition on every rank at the same step: Lightning writes step metrics on exactly these steps
-        # (none with log_every_n_steps 0; the epoch's train_loss_epoch is still logged).
+        # (none with log_every_n_steps 0; the epoch's train_loss_epoch is still logged), and at a step where the fit
+        # stops (trainer.should_stop: exit_after, max_time, early stopping; decided alike on every rank), where it
+        # wrote the last interval's row a second time: the stop's own, shorter interval instead.
         every = self.trainer.log_every_n_steps
-        if every <= 0 or step % every != 0:
+        stopping = self.trainer.should_stop and getattr(self.trainer.fit_loop, "_can_stop_early", True)
+        if every <= 0 or (step % every != 0 and not stopping):
             return
         # Named on the timeline: the step's range has closed (callbacks run first), and this is the interval's sync.
         with app_range(METRICS):

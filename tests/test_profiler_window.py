@@ -69,8 +69,9 @@ def test_step_ranges_nest_phases_in_order_and_exit_after_the_window(tmp_path, re
     assert trainer.global_step == 4  # steps 0..3 ran; exit_after stopped right after the window (steps 2, 3)
     tree = recorder.tree()
     # Lightning ends the epoch after the stop too (its hooks, metrics, checkpoint): that is named as well. After the
-    # first step the module resets its metric sums (the first step is warm-up), in a range of its own.
-    assert [name for name, _ in tree] == ["step 0", "metrics", "step 1", "step 2", "step 3", "epoch end"]
+    # first step the module resets its metric sums (the first step is warm-up), in a range of its own; at the stop it
+    # logs the interval the stop cuts short (the module's hook runs after the window's, which closed the step).
+    assert [name for name, _ in tree] == ["step 0", "metrics", "step 1", "step 2", "step 3", "metrics", "epoch end"]
     steps = [(name, children) for name, children in tree if name.startswith("step")]
     # The epoch's first fetch (the loader refilling) is named inside the first step.
     (_, first), *rest = steps
@@ -157,7 +158,7 @@ def test_work_between_steps_is_named_validation_and_epoch_end(tmp_path, recorder
     # Epochs of 4 steps: validation then the epoch's end after step 3, the epoch's end after the stop at step 5 (inside
     # epoch 1); the sanity check has no range.
     assert top == ["step 0", "metrics", "step 1", "step 2", "step 3", "validation", "epoch end", "step 4", "step 5",
-                   "checkpoint", "checkpoint", "epoch end"]  # fmt: skip
+                   "checkpoint", "checkpoint", "metrics", "epoch end"]  # fmt: skip
     # The next epoch's first fetch is named in its first step.
     assert [c for c, _ in dict(recorder.tree())["step 4"]][0] == "epoch start"
     # Each save inside a range. At the stop inside epoch 1 each saves where it stopped (ResumableCheckpoint: a
@@ -166,7 +167,7 @@ def test_work_between_steps_is_named_validation_and_epoch_end(tmp_path, recorder
     # Each save is also a `checkpoint` range of its own, inside the range it runs in.
     between = [(name, [c for c, _ in children]) for name, children in recorder.tree() if not name.startswith("step")]
     assert between == [("metrics", []), ("validation", ["checkpoint"]), ("epoch end", ["checkpoint"]),
-                       ("checkpoint", []), ("checkpoint", []), ("epoch end", [])]  # fmt: skip
+                       ("checkpoint", []), ("checkpoint", []), ("metrics", []), ("epoch end", [])]  # fmt: skip
     assert recorder.balanced()
 
 
@@ -208,7 +209,7 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path, recorder):
     trainer = fit(tmp_path, ProfilerWindow(start_step=1, num_steps=1), max_steps=10, accumulate=2)
     assert trainer.global_step == 2
     tree = recorder.tree()
-    assert [name for name, _ in tree] == ["step 0", "metrics", "step 1", "epoch end"]
+    assert [name for name, _ in tree] == ["step 0", "metrics", "step 1", "metrics", "epoch end"]
     for name, children in tree:
         if name.startswith("step"):
             first = "epoch start" if name == "step 0" else "data"  # the epoch's first fetch is named

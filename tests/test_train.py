@@ -767,6 +767,21 @@ def test_only_lightnings_data_setup_checks_become_one_line_errors() -> None:
     assert train._trainer_option_named_by(at_setup.value) == "val_check_interval"
 
 
+def test_a_stop_between_log_steps_logs_the_interval_it_cuts_short(
+    shapes_root: Path, tmp_path: Path, tiny_args, main
+) -> None:
+    # exit_after stops at step 6, one step after the log step 5: Lightning writes a row at a stop, and it held step
+    # 5's values a second time; now the module logs the one-step interval there.
+    args = tiny_args(shapes_root, tmp_path, trainer__log_every_n_steps=5, trainer__max_steps=12,
+                     trainer__limit_val_batches=0, profile__start_step=3, profile__num_steps=3)  # fmt: skip
+    with pytest.warns(UserWarning, match="not CUDA"):
+        main(["fit", *args])
+    (metrics,) = (tmp_path / "logs").rglob("metrics.csv")
+    rows = [row for row in csv.DictReader(metrics.open()) if row.get("train_loss")]
+    assert [row["step"] for row in rows] == ["4", "5"]  # global steps 5 and 6 (Lightning counts from 0)
+    assert rows[0]["train_loss"] != rows[1]["train_loss"] and rows[0]["train_img_s"] != rows[1]["train_img_s"]
+
+
 def test_a_monitor_a_callback_of_the_users_may_log_is_a_warning(
     shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch: pytest.MonkeyPatch
 ) -> None:
