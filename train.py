@@ -305,10 +305,7 @@ class ImageNetCLI(LightningCLI):
         """The ``model`` options that the run's ``--config`` files set."""
         keys: set[str] = set()
         for path in self.config[subcommand].get("config") or []:
-            try:
-                content = yaml.safe_load(Path(str(path)).read_text())
-            except (OSError, yaml.YAMLError):  # the parser read it already; a file it could not read sets nothing
-                continue
+            content = _config_file(str(path))
             model = content.get("model") if isinstance(content, dict) else None
             if isinstance(model, dict):
                 options = model.get("init_args")
@@ -614,21 +611,28 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
     return ImageNetCLI(ImageNetClassifier, ImageNetDataModule, args=None if argv is None else args, **CLI_SETTINGS)
 
 
+def _config_file(path: str) -> Any:
+    """The YAML content of the config file ``path``; ``None`` if it cannot be read (the parser read it already and
+    said so: a file it could not read sets nothing)."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except (OSError, ValueError, yaml.YAMLError):  # ValueError: a name too long for a path, say
+        return None
+
+
 def _batch_limits_in_config_file(path: str) -> dict[str, bool]:
     """The ``trainer.limit_*_batches`` that a config file sets, each with whether its value is a YAML int."""
-    try:
-        content = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):  # the parser read it already; a file it could not read sets nothing
-        return {}
+    content = _config_file(path)
     return _batch_limits_in(content.get("trainer") if isinstance(content, dict) else None)
 
 
 def _batch_limits_in_trainer_value(value: str) -> dict[str, bool]:
     """The same for ``--trainer VALUE``: a file of the trainer's keys, or YAML text (``{limit_val_batches: 1}``)."""
     try:
-        text = Path(value).read_text() if Path(value).is_file() else value
-        return _batch_limits_in(yaml.safe_load(text))
-    except (OSError, ValueError, yaml.YAMLError):  # a name too long for a path, say; the parser read it already
+        if Path(value).is_file():
+            return _batch_limits_in(_config_file(value))
+        return _batch_limits_in(yaml.safe_load(value))
+    except (OSError, ValueError, yaml.YAMLError):  # a name too long for a path, say; the parser read the text already
         return {}
 
 

@@ -715,7 +715,10 @@ def test_ckpt_path_last_on_a_file_cut_short_is_refused_in_a_line(
      (["--last_checkpoint.monitor", "val_accc"], "last_checkpoint.monitor names 'val_accc'"),
      (["--checkpoint.filename", "best-{val_acc:.4f}"], "checkpoint.filename names 'val_acc'"),
      (["--checkpoint.mode", "maximum"], "checkpoint.mode must be min or max, got 'maximum'"),
-     (["--checkpoint.save_top_k", "-2"], "checkpoint.save_top_k must be >= -1")],
+     (["--checkpoint.save_top_k", "-2"], "checkpoint.save_top_k must be >= -1"),
+     # Lightning's own checks against the data, a traceback before: one line naming the option.
+     (["--trainer.val_check_interval", "1000"], "trainer.val_check_interval: `val_check_interval` (1000) must be"),
+     (["--trainer.limit_train_batches", "0.0001"], "trainer.limit_train_batches: You requested to check 0.0001")],
 )  # fmt: skip
 def test_training_options_that_would_fail_or_train_wrong_later_are_refused_now(
     option: list[str], said: str, shapes_root: Path, tmp_path: Path, tiny_args, refused
@@ -723,17 +726,6 @@ def test_training_options_that_would_fail_or_train_wrong_later_are_refused_now(
     # The monitor failed after the first epoch and its validation; a negative clip value turned the gradient around.
     assert refused(["fit", *tiny_args(shapes_root, tmp_path / "run"), *option]).startswith(f"error: {said}")
     assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.parametrize(
-    ("option", "said"),
-    [(["--trainer.val_check_interval", "1000"], "trainer.val_check_interval: `val_check_interval` (1000) must be"),
-     (["--trainer.limit_train_batches", "0.0001"], "trainer.limit_train_batches: You requested to check 0.0001")],
-)  # fmt: skip
-def test_lightnings_checks_against_the_data_are_one_line_naming_the_option(
-    option: list[str], said: str, shapes_root: Path, tmp_path: Path, tiny_args, refused
-) -> None:
-    assert refused(["fit", *tiny_args(shapes_root, tmp_path / "run"), *option]).startswith(f"error: {said}")
 
 
 def test_only_lightnings_data_setup_checks_become_one_line_errors() -> None:
