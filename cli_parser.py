@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -66,17 +66,26 @@ def _suggestion(message: str, parser: Any, given: list[str]) -> str:
     return hint
 
 
-def _name_the_config_file(message: str, given: list[str], cwd: str) -> str:
-    """A YAML syntax error says ``in "<unicode string>", line 2``: the ``--config`` file that does not parse instead
-    (read from ``cwd``, where the command line's relative paths start)."""
-    if '"<unicode string>"' not in message:
-        return message
+def _config_files(given: list[str], cwd: str) -> Iterator[tuple[str, Any, yaml.YAMLError | None]]:
+    """Each ``--config`` file of ``given`` that can be read (from ``cwd``, where the command line's relative paths
+    start): its path as given, its YAML content, and the YAML error that stops it from parsing (then no content)."""
     for path in option_values(given, ("--config", "-c")):
         try:
-            yaml.safe_load((Path(cwd) / path).read_text())
+            text = (Path(cwd) / path).read_text()
         except OSError:
             continue  # the parser says so itself
-        except yaml.YAMLError:
+        try:
+            yield path, yaml.safe_load(text), None
+        except yaml.YAMLError as error:
+            yield path, None, error
+
+
+def _name_the_config_file(message: str, given: list[str], cwd: str) -> str:
+    """A YAML syntax error says ``in "<unicode string>", line 2``: the ``--config`` file that does not parse instead."""
+    if '"<unicode string>"' not in message:
+        return message
+    for path, _, error in _config_files(given, cwd):
+        if error is not None:
             return message.replace('"<unicode string>"', path)
     return message
 
@@ -86,12 +95,8 @@ def _name_the_file_that_is_no_mapping(message: str, given: list[str], cwd: str) 
     the file and what it holds instead."""
     if not message.startswith("Unexpected config"):
         return message
-    for path in option_values(given, ("--config", "-c")):
-        try:
-            content = yaml.safe_load((Path(cwd) / path).read_text())
-        except (OSError, yaml.YAMLError):
-            continue
-        if not isinstance(content, dict):
+    for path, content, error in _config_files(given, cwd):
+        if error is None and not isinstance(content, dict):
             holds = "nothing" if content is None else f"a {type(content).__name__}"
             return f"--config {path} holds {holds}, not keys (e.g. 'trainer:' with 'max_epochs: 90' under it)"
     return message
