@@ -21,6 +21,7 @@ import sqlite3
 import sys
 from bisect import bisect_right
 from collections import defaultdict
+from pathlib import Path
 
 REQUIRED_CHILDREN = ("forward", "backward", "optimizer")
 #: The app's ranges of work between two steps: callbacks/ranges.py's VALIDATION, EPOCH_END, CHECKPOINT and METRICS.
@@ -74,7 +75,11 @@ def host_syncs(db: sqlite3.Connection) -> dict[int, dict[str, int]]:
 
 
 def check(path: str, steps: range, processes: int) -> dict:
-    db = sqlite3.connect(path)
+    # Read only: a mistyped path is not created as an empty database.
+    db = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    if "NVTX_EVENTS" not in _tables(db):
+        error = "no NVTX_EVENTS table: no NVTX ranges (nsys profile -t cuda,nvtx)"
+        return {"report": path, "ok": False, "error": error}
     by_pid: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
     for pid, start, end, name in nvtx_ranges(db):
         by_pid[pid].append((start, end, name))
@@ -139,7 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", default="20-29", help="first-last step of the window")
     p.add_argument("--processes", type=int, default=1, help="profiled processes expected in each report")
     a = p.parse_args(argv)
-    first, last = (int(x) for x in a.steps.split("-"))
+    try:
+        first, last = (int(x) for x in a.steps.split("-"))
+    except ValueError:
+        first, last = 0, -1
+    if not 0 <= first <= last:
+        p.error(f"--steps {a.steps!r}: give the window's first and last step, FIRST-LAST, e.g. 20-29")
+    for path in a.sqlite:
+        if not Path(path).is_file():
+            p.error(
+                f"{path} does not exist: give nsys's SQLite export (nsys export --type sqlite -o X.sqlite X.nsys-rep)"
+            )
     results = [check(path, range(first, last + 1), a.processes) for path in a.sqlite]
     print(json.dumps(results, indent=1))
     return 0 if all(r["ok"] for r in results) else 1

@@ -66,7 +66,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="comma-separated max_padded_pixels of extra batched rows, in units of 512x512 (e.g. 256,64,32)",
     )
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    for option, value, least in (("--batch", a.batch, 1), ("--iters", a.iters, 1), ("--batches", a.batches, 1),
+                                 ("--size", a.size, 1), ("--warmup", a.warmup, 0)):  # fmt: skip
+        if value < least:
+            p.error(f"{option} {value}: give at least {least}")
+    try:
+        a.budget_blocks = [int(b) for b in a.budgets.split(",") if b.strip()]
+    except ValueError:
+        a.budget_blocks = [0]
+    if any(b < 1 for b in a.budget_blocks):
+        p.error(f"--budgets {a.budgets!r}: give whole numbers of 512x512 pixel blocks, 1 or more, e.g. 256,64,32")
+    return a
 
 
 def load_batches(a: argparse.Namespace) -> list[list[Encoded]]:
@@ -118,8 +129,13 @@ def synchronize(device: torch.device) -> None:
 
 
 def time_row(
-    stage: Callable[[list[Encoded]], object], batches: list[list[Encoded]], a: argparse.Namespace, busy: bool
+    stage: Callable[[list[Encoded]], object],
+    batches: list[list[Encoded]],
+    a: argparse.Namespace,
+    busy: bool,
+    counted: Callable[[list[Encoded]], int] = len,
 ) -> dict:
+    """``stage``'s rate over ``a.iters`` of ``batches``, in images it handled (``counted`` of each batch)."""
     device = torch.device(a.device)
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
@@ -145,7 +161,8 @@ def time_row(
         finally:
             if busy_thread is not None:
                 busy_thread.__exit__()
-    row = {"img/s": a.iters * a.batch / elapsed, "ms/batch": elapsed / a.iters * 1e3}
+    images = sum(counted(batches[i % len(batches)]) for i in range(a.iters))
+    row = {"img/s": images / elapsed, "ms/batch": elapsed / a.iters * 1e3}
     row["busy launch/s"] = launches / elapsed if busy else None
     row["peak MiB"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if device.type == "cuda" else None
     return row
@@ -183,8 +200,11 @@ def main(argv: list[str] | None = None) -> None:
         data = [s.data for s in batch if s.encoded]
         return decode_jpeg(data, mode=ImageReadMode.RGB, device=device) if data else None
 
+    def jpegs(batch: list[Encoded]) -> int:
+        return sum(s.encoded for s in batch)
+
+    alone = "decode (nvJPEG batched) alone" + ("" if encoded == total else ", img/s of the JPEGs it decodes")
     rows: list[tuple[str, Callable[[list[Encoded]], object], bool]] = [
-        ("decode (nvJPEG batched) alone", decode_only, False),
         ("decode + per-image loop (old)", lambda b: decode_crop_resize_reference(b, device, a.size), False),
         ("decode + per-image loop, busy thread", lambda b: decode_crop_resize_reference(b, device, a.size), True),
         ("decode + batched (new)", lambda b: decode_crop_resize(b, device, a.size), False),
@@ -192,9 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         ("decode + batched, gather=copy", lambda b: decode_crop_resize(b, device, a.size, gather="copy"), False),
         ("decode + batched, float32", lambda b: decode_crop_resize(b, device, a.size, dtype=torch.float32), False),
     ]
-    for budget in (int(b) for b in a.budgets.split(",") if b.strip()):
-        if budget < 1:
-            raise SystemExit(f"--budgets: {budget} is not a number of 512x512 pixel blocks (1 or more)")
+    for budget in a.budget_blocks:
         rows.append(
             (
                 f"decode + batched, max_padded_pixels {budget} x 512^2",
@@ -206,9 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print("| stage | img/s | ms/batch | busy launch/s | peak MiB |")
     print("|---|---|---|---|---|")
-    for label, stage, busy in rows:
+    for label, stage, busy, counted in [(alone, decode_only, False, jpegs), *((*row, len) for row in rows)]:
         try:
-            r = time_row(stage, batches, a, busy)
+            r = time_row(stage, batches, a, busy, counted)
         except Exception as error:  # one failing row must not hide the others
             message = (str(error).strip().splitlines() or [""])[0][:200]
             print(f"| {label} | failed: {type(error).__name__}: {message} | | | |", flush=True)

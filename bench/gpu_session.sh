@@ -77,6 +77,10 @@ jpegs() {
 # stage's timeout stopped the run) the log's last 60 lines: the variants' stderr passes through to the log, so that is
 # the error or the threads' stacks.
 table() { if grep -q "^| variant" "$1"; then sed -n '/^| variant/,$p' "$1"; else tail -60 "$1"; fi; }
+# A stage's command exited with status $1: anything but 0 is said, and the script's own exit status becomes 1, so that
+# a failed stage (a filtered log shows no error) is never read as a finished one.
+status=0
+mark() { [ "$1" -eq 0 ] || { echo "!!! stage $stage: exit code $1"; status=1; }; }
 # The comma-separated variants $2 with the torch.compile mode $1 (MODE or MODE:tuned) in each app variant, where
 # bench/throughput.py's order NAME[@SHARE][:MODE][+OPTION...] puts it: before any +option (+threads=N, +bucket_view).
 # raw stays as it is: the plain loop always compiles with the default mode and takes no suffix.
@@ -104,21 +108,21 @@ for stage in "$@"; do
   echo "=== $stage (t=${SECONDS}s)"
   case $stage in
   tests) timeout "${STAGE_TIMEOUT:-360}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=25 tests \
-    > "$out/pytest_gpu.txt" 2>&1
-    tail -25 "$out/pytest_gpu.txt" ;;
+    > "$out/pytest_gpu.txt" 2>&1; rc=$?
+    tail -25 "$out/pytest_gpu.txt"; mark $rc ;;
   queues) jpegs; timeout "$limit" python3 bench/nvjpeg_under_load.py --data "$data" --connections "${CONNECTIONS:-8,32}" \
-      > "$out/nvjpeg_under_load.txt" 2>&1
-    grep "^|" "$out/nvjpeg_under_load.txt" || tail -20 "$out/nvjpeg_under_load.txt" ;;
+      > "$out/nvjpeg_under_load.txt" 2>&1; rc=$?
+    grep "^|" "$out/nvjpeg_under_load.txt" || tail -20 "$out/nvjpeg_under_load.txt"; mark $rc ;;
   nvjpeg) jpegs; timeout "$limit" nsys profile -s none -t cuda,nvtx --force-overwrite true -o /tmp/nvjpeg_calls \
       python3 bench/nvjpeg_calls.py --data "$data" --share "${SHARE:-0.85}" --calls 15 --same-size 500 375 \
-      > "$out/nvjpeg_calls.txt" 2>&1
-    grep "^|" "$out/nvjpeg_calls.txt"
+      > "$out/nvjpeg_calls.txt" 2>&1; rc=$?
+    grep "^|" "$out/nvjpeg_calls.txt" || tail -20 "$out/nvjpeg_calls.txt"; mark $rc
     nsys export --type sqlite --force-overwrite true -o /tmp/nvjpeg_calls.sqlite /tmp/nvjpeg_calls.nsys-rep >/dev/null \
       && python3 bench/nsys_api_by_range.py /tmp/nvjpeg_calls.sqlite | tee "$out/nvjpeg_api_by_range.txt" \
       | grep -i "free\|alloc\|memcpy\|range" ;;
   decode) jpegs; timeout "$limit" python3 bench/decode_bench.py --data "$data" --batch 256 --iters 20 \
     --budgets "${BUDGETS:-256,64,32}" 2>&1 \
-    | tee "$out/decode_bench.txt" | tail -20 ;;
+    | tee "$out/decode_bench.txt" | tail -20; mark "${PIPESTATUS[0]}" ;;
   eager-*|compile-*)
     jpegs; p=${stage#*-}; flags=(); variants=raw,app_synthetic,app_nvtx,app_folder,app_folder_gpu
     stacks=150; [ "${stage%%-*}" = compile ] && flags=(--compile) && variants=raw,app_synthetic,app_folder_gpu \
@@ -126,25 +130,25 @@ for stage in "$@"; do
     variants=${VARIANTS:-$variants}
     BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-$stacks} timeout "$limit" python3 bench/throughput.py --arch resnet50 \
       --precision "$p" --channels-last "${flags[@]}" --workers "$(nproc)" --variants "$variants" --data "$data" \
-      > "$out/throughput_$stage.txt" 2>&1
-    table "$out/throughput_$stage.txt" ;;
+      > "$out/throughput_$stage.txt" 2>&1; rc=$?
+    table "$out/throughput_$stage.txt"; mark $rc ;;
   split-*)
     jpegs; p=${stage#*-}; cores=${CORES:-16}; variants=app_synthetic,app_folder,app_folder_gpu
     for share in ${SHARES:-0.6 0.7 0.8}; do variants+=",app_folder_gpu@$share"; done
     BENCH_STACKS_AFTER_S=150 timeout "$limit" taskset -c "0-$((cores - 1))" python3 bench/throughput.py \
       --arch resnet50 --precision "$p" --channels-last --workers $((cores - 2)) --variants "${VARIANTS:-$variants}" \
-      --data "$data" > "$out/throughput_$stage.txt" 2>&1
-    table "$out/throughput_$stage.txt" ;;
+      --data "$data" > "$out/throughput_$stage.txt" 2>&1; rc=$?
+    table "$out/throughput_$stage.txt"; mark $rc ;;
   resized-*)
     jpegs; p=${stage#*-}; cores=${CORES:-16}; side=${SIDE:-256}; flags=()
-    resized "$side" || continue
+    resized "$side" || { mark 1; continue; }
     variants=${VARIANTS:-app_synthetic,app_folder,app_folder_gpu@0.85}
     [ -n "${COMPILE:-}" ] && flags=(--compile) && variants=$(with_mode "$COMPILE" "$variants")
     for folder in "$data" "${data}_$side"; do
       BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
         bench/throughput.py --arch resnet50 --precision "$p" --channels-last "${flags[@]}" --workers $((cores - 2)) \
-        --variants "$variants" --data "$folder" > "$out/throughput_${stage}_$(basename "$folder").txt" 2>&1
-      echo "--- $folder"; table "$out/throughput_${stage}_$(basename "$folder").txt"
+        --variants "$variants" --data "$folder" > "$out/throughput_${stage}_$(basename "$folder").txt" 2>&1; rc=$?
+      echo "--- $folder"; table "$out/throughput_${stage}_$(basename "$folder").txt"; mark $rc
     done
     # Both decoders (data.cpu_decoder), on one core and on as many processes at once as the runs had workers.
     for n in 1 $((cores - 2)); do
@@ -160,6 +164,7 @@ for stage in "$@"; do
       --cuda-graph-trace=node --force-overwrite true --duration "${DURATION:-300}" -o /tmp/autotune \
       python3 bench/throughput.py --arch resnet50 --precision "$p" --channels-last --compile --workers 0 \
       --variants "${VARIANTS:-app_synthetic:max-autotune}" > "$out/autotune.txt" 2>&1
+    mark $?  # a stop by --duration inside the compile is this stage's purpose: read the lines below either way
     kill "$smi"
     grep -E "x1:|Epoch:|AUTOTUNE|Timeout|failed|Recompil|cudagraph" "$out/autotune.txt" | cut -c1-200 | tail -15
     awk -F', ' 'NR > 1 {print $2}' "$out/autotune_smi.csv" | sort | uniq -c | sort -rn | head -5
@@ -169,17 +174,21 @@ for stage in "$@"; do
   report|report2|report-synthetic|report2-synthetic)
     n=1; [ "${stage%-synthetic}" = report2 ] && n=2
     if [ "${stage#*-}" = synthetic ]; then input=(--config configs/resnet50_synthetic.yaml)
-    else jpegs; root=$data; if [ -n "${SIDE:-}" ]; then resized "$SIDE" || continue; root=${data}_$SIDE; fi
+    else jpegs; root=$data; if [ -n "${SIDE:-}" ]; then resized "$SIDE" || { mark 1; continue; }; root=${data}_$SIDE; fi
       input=(--config configs/resnet50_imagenet.yaml --data.root "$root" --data.workers $(($(nproc) / n))
       --data.decode "${DECODE:-gpu}" --data.cpu_decode_share "${SHARE:-0}" --data.nvjpeg "${NVJPEG:-torchvision}"
       --data.decode_threads "${THREADS:-1}"); fi
     input+=($(compile_args))
+    rm -rf "/tmp/${stage}_run"  # an earlier call's report is never taken for this one's
     timeout "$limit" python3 train.py "${input[@]}" --data.batch_size 256 --trainer.devices "$n" \
       --trainer.precision "${PRECISION:-bf16-mixed}" --trainer.max_steps 40 --trainer.enable_progress_bar false \
       --trainer.default_root_dir "/tmp/${stage}_run" --trainer.logger.init_args.save_dir "/tmp/${stage}_run" \
-      --profile.start_step 20 --profile.num_steps 10 2>&1 | grep -A9 "step report," | tee "$out/$stage.txt"
+      --profile.start_step 20 --profile.num_steps 10 > "$out/${stage}_run.txt" 2>&1; rc=$?
+    grep -A9 "step report," "$out/${stage}_run.txt" | tee "$out/$stage.txt"
+    [ $rc -eq 0 ] || tail -30 "$out/${stage}_run.txt"; mark $rc
     # The report only: the run folder also holds ResNet-50 checkpoints, and is deeper than a device call returns.
-    cp -r "$(ls -dt /tmp/"${stage}"_run/*/version_*/step_report | head -1)" "$out/${stage}_step_report" ;;
+    report=$(ls -dt /tmp/"${stage}"_run/*/version_*/step_report 2>/dev/null | head -1)
+    if [ -n "$report" ]; then cp -r "$report" "$out/${stage}_step_report"; else echo "no step report written"; mark 1; fi ;;
   report-nsys)
     input=(--config configs/resnet50_synthetic.yaml)
     input+=($(compile_args))
@@ -189,8 +198,10 @@ for stage in "$@"; do
     timeout "$limit" nsys profile "${flags[@]}" -o /tmp/report_nsys python3 train.py "${input[@]}" \
       --data.batch_size 256 --trainer.precision "${PRECISION:-bf16-mixed}" --trainer.max_steps 30 \
       --trainer.enable_progress_bar false --trainer.default_root_dir /tmp/report_nsys_run \
-      --trainer.logger.init_args.save_dir /tmp/report_nsys_run --profile.start_step 20 --profile.num_steps 5 2>&1 \
-      | grep -A9 "step report," | tee "$out/$stage.txt"
+      --trainer.logger.init_args.save_dir /tmp/report_nsys_run --profile.start_step 20 --profile.num_steps 5 \
+      > "$out/${stage}_run.txt" 2>&1; rc=$?
+    grep -A9 "step report," "$out/${stage}_run.txt" | tee "$out/$stage.txt"
+    [ $rc -eq 0 ] || tail -30 "$out/${stage}_run.txt"; mark $rc
     # nsys's own count: every kernel of the 5 window steps, by class (conv/GEMM against the memory-bound rest).
     nsys stats -r cuda_gpu_kern_sum -f csv -o /tmp/report_nsys /tmp/report_nsys.nsys-rep >/dev/null 2>&1
     python3 bench/kernel_classes.py /tmp/report_nsys_cuda_gpu_kern_sum.csv --steps 5 | tee -a "$out/$stage.txt" ;;
@@ -202,7 +213,8 @@ for stage in "$@"; do
       child=$(with_mode "$mode" "$v")  # the mode goes before +options (+threads=N)
       BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
         bench/producer_timing.py "${sync[@]}" "${extra[@]}" -- bench/throughput.py --arch resnet50 --precision bf16 --channels-last \
-        --compile --workers $((cores - 2)) --data "$data" --child "$child" > "$log" 2>&1
+        --compile --workers $((cores - 2)) --data "$data" --child "$child" > "$log" 2>&1; rc=$?
+      [ $rc -eq 0 ] || tail -20 "$log"; mark $rc
       echo "--- $child: $(grep -o '"img_s": [0-9.]*' "$log")"
       grep -A22 "^producer timing" "$log" | grep -v "^$"
     done ;;
@@ -211,15 +223,16 @@ for stage in "$@"; do
     BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/throughput.py --arch resnet50 --precision "$p" \
       --channels-last --gpus "1,$n" --launcher "${LAUNCHER:-torchrun}" --workers $(($(nproc) / n - 2)) \
       --variants "${VARIANTS:-raw,app_synthetic,app_folder_gpu}" --data "$data" > "$out/throughput_$stage.txt" 2>&1
-    table "$out/throughput_$stage.txt" ;;
+    rc=$?; table "$out/throughput_$stage.txt"; mark $rc ;;
   cpuload-*)
     jpegs; p=${stage#*-}; n=$(nvidia-smi -L | wc -l)
     BENCH_STACKS_AFTER_S=120 timeout "$limit" python3 bench/cpu_load.py --skip 15 --top 25 \
       --json "$out/cpu_load_$stage.json" -- python3 bench/throughput.py --arch resnet50 --precision "$p" \
       --channels-last --gpus "$n" --launcher torchrun --workers $(($(nproc) / n - 2)) \
       --variants "${VARIANTS:-app_folder_gpu@0.85}" --data "$data" > "$out/cpu_load_$stage.txt" 2>&1
-    table "$out/cpu_load_$stage.txt" ;;
+    rc=$?; table "$out/cpu_load_$stage.txt"; mark $rc ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
-echo "=== done (t=${SECONDS}s)"
+echo "=== done (t=${SECONDS}s)$([ $status -eq 0 ] || echo ": a stage failed, see !!! above")"
+exit $status

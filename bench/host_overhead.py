@@ -13,7 +13,8 @@ Variants, each timed ``--repeat`` times in this process (the fastest is printed;
     lightning    a minimal LightningModule (the loss only) and a Trainer with everything off
     app          train.py's CLI (every forced callback, the CSV logger, the synthetic data module) with the tiny model
                  in place of the ResNet: the module's step metrics, its hooks, the prefetcher's synthetic batches
-    app_nvtx     as app, with the profiling window's NVTX step and phase ranges on (the window past the end)
+    app_nvtx     as app, with the profiling window's NVTX step and phase ranges on (its window opens on one more step
+                 after the timed ones: the ranges' cost, not the window's)
 """
 
 from __future__ import annotations
@@ -73,10 +74,15 @@ class MinimalModule(pl.LightningModule):
 
 
 class RepeatedBatch:
-    """One batch, ``length`` times: a sized iterable, so Lightning adds no collation or worker machinery."""
+    """One batch, ``length`` times: a sized iterable, so Lightning adds no collation or worker machinery. It lives on
+    ``device`` from the start, as the raw loop's and the app's synthetic batch do: a host-to-device copy every step
+    would be charged to Lightning."""
 
-    def __init__(self, length: int) -> None:
-        self.batch = (torch.randn(BATCH, 3, IMAGE, IMAGE), torch.randint(0, CLASSES, (BATCH,)))
+    def __init__(self, length: int, device: str) -> None:
+        self.batch = (
+            torch.randn(BATCH, 3, IMAGE, IMAGE, device=device),
+            torch.randint(0, CLASSES, (BATCH,), device=device),
+        )
         self.length = length
 
     def __len__(self) -> int:
@@ -99,25 +105,29 @@ def run_lightning(device: str, warmup: int, steps: int) -> float:
         enable_model_summary=False,
         callbacks=[clock],
     )
-    trainer.fit(MinimalModule(), RepeatedBatch(warmup + steps + 1))
+    trainer.fit(MinimalModule(), RepeatedBatch(warmup + steps + 1, device))
     return clock.seconds / steps
 
 
 def run_app(device: str, warmup: int, steps: int, nvtx: bool) -> float:
     import train
 
+    # The NVTX ranges come with a profiling window (none without one); it opens on one step after the timed ones, so
+    # they carry the ranges' cost and not the window's (cudaProfilerStart and the synchronize at its end).
+    total = warmup + steps + nvtx
     with tempfile.TemporaryDirectory() as run_dir:
         args = [
             "--trainer.accelerator", "gpu" if device == "cuda" else "cpu", "--trainer.devices", "1",
-            "--trainer.max_steps", str(warmup + steps), "--trainer.limit_val_batches", "0",
+            "--trainer.max_steps", str(total), "--trainer.limit_val_batches", "0",
             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
             "--trainer.default_root_dir", run_dir, "--trainer.logger.init_args.save_dir", run_dir,
             "--model.arch", "resnet18",  # replaced below: the module's code path, not the ResNet's compute
             "--data.source", "synthetic", "--data.batch_size", str(BATCH), "--data.crop_size", str(IMAGE),
-            "--data.synthetic_num_classes", str(CLASSES), "--data.synthetic_train_steps", str(warmup + steps + 1),
+            "--data.synthetic_num_classes", str(CLASSES), "--data.synthetic_train_steps", str(total + 1),
         ]  # fmt: skip
         if nvtx:
-            args += ["--profile.start_step", str(10**9)]
+            args += ["--profile.start_step", str(warmup + steps), "--profile.num_steps", "1"]
+            args += ["--profile.report", "false"]
         cli = train.ImageNetCLI(
             train.ImageNetClassifier, train.ImageNetDataModule, args=args, run=False, **train.CLI_SETTINGS
         )
@@ -142,6 +152,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         p.error(f"--warmup {a.warmup}: give at least 1 untimed step (the clock starts at the end of step --warmup)")
     if a.steps < 1:
         p.error(f"--steps {a.steps}: give at least 1 timed step")
+    if a.repeat < 1:
+        p.error(f"--repeat {a.repeat}: give at least 1 (the fastest of the repeats is printed)")
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device here")
     runners: dict[str, Callable[[], float]] = {

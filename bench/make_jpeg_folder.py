@@ -68,7 +68,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-per-class", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    # A folder without validation images (or of one class) suits bench/pil_decode_rate.py, not the app's training,
+    # which bench/throughput.py checks before its first run.
+    for option, value, least in (
+        ("--classes", a.classes, 1),
+        ("--train-per-class", a.train_per_class, 1),
+        ("--val-per-class", a.val_per_class, 0),
+        ("--processes", a.processes, 1),
+    ):
+        if value < least:
+            p.error(f"{option} {value}: give at least {least}")
+    return a
 
 
 def main(argv: list[str] | None = None) -> None:

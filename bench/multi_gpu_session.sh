@@ -5,7 +5,9 @@
 #   bash bench/multi_gpu_session.sh OUTDIR [PRECISION]
 set -uo pipefail
 out=${1:?OUTDIR}; precision=${2:-bf16}
-STAGE_TIMEOUT=${STAGE_TIMEOUT:-420} bash bench/gpu_session.sh "$out" "ddp-$precision"
+STAGE_TIMEOUT=${STAGE_TIMEOUT:-420} bash bench/gpu_session.sh "$out" "ddp-$precision"; status=$?
 bash bench/verify_profiling.sh "$out/prof" torchrunN 2>&1 | tee "$out/prof_$(nvidia-smi -L | wc -l)gpu.log" \
   | grep '^+ \|exit code\|"ok"\|kernels\|outside'
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 rm -f "$out"/prof/*.sqlite
+exit $status

@@ -17,8 +17,8 @@ Variants:
     app_synthetic  the app (ImageNetClassifier + ImageNetDataModule(source=synthetic) + Trainer), same config
     app_synthetic_foreach  the same with model.fused_sgd=false: torch's default SGD (foreach on CUDA), as the plain
                    loop steps (under fp16, GradScaler then reads its overflow check back to the host every step)
-    app_nvtx       as app_synthetic with the profiling callback on and its window past the end: the cost of the
-                   NVTX step/phase ranges outside the window
+    app_nvtx       as app_synthetic with the profiling callback's NVTX step/phase ranges on: the cost of the ranges
+                   outside a window (its window opens on one more step, after the timed ones)
     app_folder     the app on a JPEG folder (--data): PIL decode + crop in the workers, the prefetcher's copy
     app_folder_tv  the same with data.cpu_decoder=torchvision: torchvision's decode and torch's uint8 resize in the
                    workers (cpu_decode.py) instead of PIL's
@@ -91,6 +91,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+RAW_LOOP = ROOT / ".carry" / "raw_loop.py"  # what ../shared/device/prepare.sh puts there
 PRECISIONS = {"fp32": "32-true", "tf32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
 VARIANTS = (
     "raw",
@@ -214,8 +215,8 @@ def workers_decoder(name: str) -> str:
 def default_workers(gpus: int) -> int:
     """``--workers`` when not given: each GPU's share of the cores this process may run on (its CPU affinity:
     ``taskset -c 0-15`` gives 16 whatever the machine has), less two for its rank's training thread and the
-    prefetcher's producer, at least 1; as bench/gpu_session.sh picks them (CORES-2 on one GPU, cores per GPU minus
-    two under DDP)."""
+    prefetcher's producer, at least 1; as bench/gpu_session.sh's split, resized and producer stages pick them (CORES-2
+    on one GPU) and its ddp stage (cores per GPU minus two; its eager and compile stages give every core)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores // gpus - 2)
 
@@ -240,14 +241,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         help="loader workers per GPU (data.workers) of the folder rows; default: the cores this process may run on "
         "(its CPU affinity, as taskset sets it) divided by the run's largest --gpus count, minus two per GPU for its "
-        f"training thread and producer, at least 1 (bench/gpu_session.sh's choice; here {default_workers(1)} on 1 GPU)",
+        "training thread and producer, at least 1 (as gpu_session.sh's split stages pick them; here "
+        f"{default_workers(1)} on 1 GPU)",
     )
     p.add_argument("--variants", default="raw,app_synthetic,app_nvtx")
     p.add_argument("--gpus", default="1", help="comma-separated GPU counts to run every variant on, e.g. 1,2")
     p.add_argument("--launcher", default="lightning", choices=["lightning", "torchrun"], help="app under DDP")
     p.add_argument(
         "--raw-loop",
-        default=str(ROOT / ".carry" / "raw_loop.py"),
+        default=str(RAW_LOOP),
         help="the plain PyTorch loop of the raw variant (not shipped: the lab's reference loop, which "
         "../shared/device/prepare.sh puts in .carry/; default %(default)s)",
     )
@@ -269,6 +271,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--warmup {a.warmup}: give at least 1 untimed step (cudnn's benchmarking and compilation run there)")
     if a.steps < 1:
         p.error(f"--steps {a.steps}: give at least 1 timed step")
+    if a.batch < 1:
+        p.error(f"--batch {a.batch}: give at least 1 image per GPU")
     try:
         a.gpu_counts = [int(g) for g in a.gpus.split(",")]
     except ValueError:
@@ -333,12 +337,34 @@ def apply_inductor_options(options: dict) -> None:
         setattr(owner, leaf, value)
 
 
-def run_raw(a: argparse.Namespace) -> dict:
-    if not Path(a.raw_loop).is_file():  # in the variant's process: its stderr reaches the parent's
+def cuda_devices() -> int:
+    """The CUDA devices this process sees (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def check_machine(a: argparse.Namespace, variants: list[str], gpus: int) -> None:
+    """Exits unless this machine can run ``variants`` on ``gpus`` GPUs: found before the first variant runs, not in
+    a later variant's own process after the earlier ones (minutes each, compiled)."""
+    if "raw" in variants and not Path(a.raw_loop).is_file():
         sys.exit(
             f"--raw-loop {a.raw_loop} does not exist: the raw variant runs a plain PyTorch loop that this repository "
             "does not ship; pass its path with --raw-loop, or leave raw out of --variants"
         )
+    if all(variant == "raw" for variant in variants):
+        return  # the plain loop (not this repository's) says itself what it needs
+    have = cuda_devices()
+    if have == 0:
+        sys.exit(
+            "no CUDA device here: bench/throughput.py measures training on GPUs (bench/host_overhead.py measures the "
+            "host's cost per step on a CPU)"
+        )
+    if have < gpus:
+        sys.exit(f"--gpus {a.gpus}: this machine has {have} CUDA device(s); give GPU counts up to {have}")
+
+
+def run_raw(a: argparse.Namespace) -> dict:
     import torch
 
     argv = ["raw_loop.py", "--arch", a.arch, "--batch", str(a.batch), "--precision", a.precision]
@@ -407,7 +433,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         workers=a.workers if folder else 0,
         channels_last=a.channels_last,
         synthetic_num_classes=1000,
-        synthetic_train_steps=a.warmup + a.steps + 5,
+        synthetic_train_steps=a.warmup + a.steps + 5,  # app_nvtx's window step included
         decode="gpu" if name.startswith("app_folder_gpu") else "cpu",
         cpu_decode_share=cpu_share,
         nvjpeg="preallocated" if "_preallocated" in name else "torchvision",
@@ -426,8 +452,11 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
     timer = StepClock(a.warmup, a.warmup + a.steps)
     # As train.py always has it: it also replaces Lightning's per-step sigterm broadcast, a host sync under DDP.
     callbacks: list[pl.Callback] = [timer, PreemptionHandler()]
-    if name == "app_nvtx":
-        callbacks.append(ProfilerWindow(start_step=10**9, nvtx=True))
+    nvtx = name == "app_nvtx"
+    if nvtx:
+        # The ranges come with a profiling window (none without one, and a window past the run's end is refused): one
+        # step after the timed ones, so that they carry the ranges' cost and not the window's.
+        callbacks.append(ProfilerWindow(start_step=a.warmup + a.steps, num_steps=1, nvtx=True, report=False))
     gpus = int(os.environ.get("BENCH_GPUS", "1"))
     strategy: str | DDPStrategy = "auto"
     if gpus > 1:
@@ -437,7 +466,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         devices=gpus,
         strategy=strategy,
         precision=PRECISIONS[a.precision],
-        max_steps=a.warmup + a.steps,
+        max_steps=a.warmup + a.steps + nvtx,
         limit_val_batches=0,
         logger=False,
         enable_checkpointing=False,
@@ -476,12 +505,23 @@ def check_epoch_room(data: str, gpus: int, batch: int, warmup: int, steps: int) 
     class folders and files, torchvision's extensions, sub-folders included).
     """
     sys.path.insert(0, str(ROOT))
-    from datamodule import class_folders, visible_samples
+    from datamodule import check_layout, class_folders, visible_samples
 
-    train = Path(data) / "train"
-    if not train.is_dir() or not class_folders(train):
-        sys.exit(f"--data {data}: no class folders in {train} (an ImageNet-layout folder: bench/make_jpeg_folder.py)")
+    train, val = Path(data) / "train", Path(data) / "val"
+    try:
+        check_layout(data)  # what the app's data setup checks first, in each variant's process
+    except (OSError, ValueError) as error:
+        sys.exit(f"--data {data}: {str(error).removeprefix('data.root: ')} (bench/make_jpeg_folder.py writes one)")
     classes = {name: i for i, name in enumerate(class_folders(train))}
+    # The app's setup also refuses a validation class folder without an image, even with validation off.
+    in_val = {target for _, target in visible_samples(val, classes, allow_empty=True)}
+    empty = [name for name, target in classes.items() if target not in in_val]
+    if empty:
+        sys.exit(
+            f"--data {data}: {len(empty)} class folder(s) of {val} hold no image (first: {empty[0]}); the app "
+            "refuses that at its data setup: give every class a validation image (bench/make_jpeg_folder.py "
+            "--val-per-class)"
+        )
     images = len(visible_samples(train, classes, allow_empty=True))
     batches = images // gpus // batch
     # Two batches of margin: the prefetcher, and with data.decode gpu the producer thread, hold batches ahead.
@@ -524,8 +564,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"--child: {error}")
         if folder and not a.data:
             sys.exit("app_folder needs --data PATH (an ImageNet-layout JPEG folder: bench/make_jpeg_folder.py)")
+        gpus = int(os.environ.get("BENCH_GPUS", "1"))
+        check_machine(a, [a.child], gpus)
         if folder:
-            check_epoch_room(a.data, int(os.environ.get("BENCH_GPUS", "1")), a.batch, a.warmup, a.steps)
+            check_epoch_room(a.data, gpus, a.batch, a.warmup, a.steps)
         apply_inductor_options(a.inductor_options)
         result = run_raw(a) if a.child == "raw" else run_app(a, a.child)
         if result:
@@ -546,6 +588,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"--variants: compile modes (:MODE) need --compile: {', '.join(moded)}")
     if folders and not a.data:
         sys.exit("app_folder needs --data PATH (an ImageNet-layout JPEG folder: bench/make_jpeg_folder.py)")
+    check_machine(a, a.variants.split(","), max(gpu_counts))
     if folders:  # the most GPUs give each the fewest batches an epoch: one count of the folder, one check
         check_epoch_room(a.data, max(gpu_counts), a.batch, a.warmup, a.steps)
     for gpus in gpu_counts:

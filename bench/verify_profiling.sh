@@ -32,36 +32,38 @@ fi
 python3 -c "import shapes_dataset as s; s.generate('$data', train_per_class=400, val_per_class=10)"
 status=0
 run() { echo "+ $*"; "$@"; local rc=$?; echo "exit code: $rc"; [ $rc -eq 0 ] || status=1; return $rc; }
+# The command's own output dropped, run's "+ command" and "exit code" lines kept.
+quiet() { "$@" >/dev/null; }
 for stage in "$@"; do
   case $stage in
   single)
     run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/single" \
       python3 train.py "${common[@]}" --profile.start_step 20 --profile.num_steps 10
-    run nsys export --type sqlite --force-overwrite true -o "$out/single.sqlite" "$out/single.nsys-rep" >/dev/null
+    run quiet nsys export --type sqlite --force-overwrite true -o "$out/single.sqlite" "$out/single.nsys-rep"
     run python3 bench/check_nsys.py "$out/single.sqlite" --steps 20-29
     nsys stats --report nvtx_sum --format csv "$out/single.nsys-rep" 2>/dev/null | head -12 ;;
   epoch)
     run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/epoch" python3 train.py "${common[@]}" \
       --data.batch_size 160 --trainer.limit_val_batches 2 --profile.start_step 20 --profile.num_steps 10
-    run nsys export --type sqlite --force-overwrite true -o "$out/epoch.sqlite" "$out/epoch.nsys-rep" >/dev/null
+    run quiet nsys export --type sqlite --force-overwrite true -o "$out/epoch.sqlite" "$out/epoch.nsys-rep"
     run python3 bench/check_nsys.py "$out/epoch.sqlite" --steps 20-29 ;;
   logstep)
     run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/logstep" \
       python3 train.py "${common[@]}" --trainer.log_every_n_steps 5 --profile.start_step 20 --profile.num_steps 10
-    run nsys export --type sqlite --force-overwrite true -o "$out/logstep.sqlite" "$out/logstep.nsys-rep" >/dev/null
+    run quiet nsys export --type sqlite --force-overwrite true -o "$out/logstep.sqlite" "$out/logstep.nsys-rep"
     run python3 bench/check_nsys.py "$out/logstep.sqlite" --steps 20-29 ;;
   epochstart)
     run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/epochstart" python3 train.py \
       "${common[@]}" --data.batch_size 160 --trainer.limit_val_batches 2 --trainer.logger.init_args.save_dir "$out/epochstart_run" \
       --profile.start_step 25 --profile.num_steps 5
-    run nsys export --type sqlite --force-overwrite true -o "$out/epochstart.sqlite" "$out/epochstart.nsys-rep" >/dev/null
+    run quiet nsys export --type sqlite --force-overwrite true -o "$out/epochstart.sqlite" "$out/epochstart.nsys-rep"
     run python3 bench/check_nsys.py "$out/epochstart.sqlite" --steps 25-29
     find "$out/epochstart_run" -name "*.md" -path "*step_report*" -exec cat {} + | head -40 ;;
   epochlast)
     run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/epochlast" python3 train.py \
       "${common[@]}" --data.batch_size 160 --trainer.limit_val_batches 2 --trainer.logger.init_args.save_dir \
       "$out/epochlast_run" --profile.start_step 20 --profile.num_steps 5
-    run nsys export --type sqlite --force-overwrite true -o "$out/epochlast.sqlite" "$out/epochlast.nsys-rep" >/dev/null
+    run quiet nsys export --type sqlite --force-overwrite true -o "$out/epochlast.sqlite" "$out/epochlast.nsys-rep"
     run python3 bench/check_nsys.py "$out/epochlast.sqlite" --steps 20-24
     # The epoch's validation ran after the capture: its best checkpoint is there, next to last.ckpt.
     run ls "$out/epochlast_run"/*/version_0/checkpoints/best-epoch000-*.ckpt ;;
@@ -77,7 +79,7 @@ for stage in "$@"; do
   lightning2)
     run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/lightning2" \
       python3 train.py "${common[@]}" --trainer.devices 2 --trainer.strategy ddp --profile.start_step 20
-    run nsys export --type sqlite --force-overwrite true -o "$out/lightning2.sqlite" "$out/lightning2.nsys-rep" >/dev/null
+    run quiet nsys export --type sqlite --force-overwrite true -o "$out/lightning2.sqlite" "$out/lightning2.nsys-rep"
     run python3 bench/check_nsys.py "$out/lightning2.sqlite" --steps 20-29 --processes 2 ;;
   torchrun2|torchrunN)
     n=2; [ "$stage" = torchrunN ] && n=$(nvidia-smi -L | wc -l)

@@ -63,12 +63,30 @@ def test_a_step_clock_that_would_never_start_is_refused(host_overhead) -> None:
 
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(["--warmup", "0"], "--warmup 0: give at least 1 untimed step"), (["--steps", "0"], "--steps 0: give at least 1")],
+    [
+        (["--warmup", "0"], "--warmup 0: give at least 1 untimed step"),
+        (["--steps", "0"], "--steps 0: give at least 1"),
+        (["--repeat", "0"], "--repeat 0: give at least 1"),
+    ],
 )
 def test_host_overhead_refuses_no_warm_up_or_no_timed_step(host_overhead, capsys, argv, message) -> None:
     with pytest.raises(SystemExit):
         host_overhead.main([*argv, "--variants", "lightning"])
     assert message in capsys.readouterr().err
+
+
+def test_host_overhead_times_the_app_with_its_nvtx_ranges(host_overhead, monkeypatch) -> None:
+    """The ranges need a profiling window; one placed past the run's end is refused before the first step (the
+    variant failed on every run), so its window opens on an extra step after the timed ones."""
+    from callbacks import profiler_window
+
+    opened = []
+    monkeypatch.setattr(
+        profiler_window.ProfilerWindow, "_open_window", lambda self, trainer, window: opened.append(trainer.global_step)
+    )
+    results = host_overhead.main(["--steps", "3", "--warmup", "1", "--repeat", "1", "--variants", "app_nvtx"])
+    assert results["app_nvtx"] > 0
+    assert opened == [4]  # after the timed steps 1..3 (0-based), never inside them
 
 
 # bench/gpu_session.sh
@@ -110,6 +128,22 @@ def test_compile_puts_the_mode_before_any_option_and_leaves_raw_alone(bench_scri
     text = SESSION.read_text()
     assert 'variants=$(with_mode "$COMPILE" "$variants")' in text  # the resized stage
     assert 'child=$(with_mode "$mode" "$v")' in text  # the producer stage
+
+
+def test_a_failed_stage_is_said_and_fails_the_script(tmp_path) -> None:
+    """A report stage piped its run through a grep for the report (hiding the error), copied the newest report of an
+    earlier call, and the script ended with "done" and status 0. Here train.py's process fails (a stand-in python3)."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "python3").write_text("#!/bin/sh\necho 'Traceback: the run failed' >&2\nexit 1\n")
+    (shim / "python3").chmod(0o755)
+    env = {"PATH": f"{shim}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    command = ["bash", str(SESSION), str(tmp_path / "out"), "report-synthetic"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 1
+    assert "Traceback: the run failed" in done.stdout and "!!! stage report-synthetic: exit code 1" in done.stdout
+    assert "no step report written" in done.stdout and ": a stage failed" in done.stdout
+    assert not (tmp_path / "out" / "report-synthetic_step_report").exists()
 
 
 def test_a_stage_s_summary_is_the_table_or_else_the_log_s_end(tmp_path) -> None:
@@ -208,3 +242,50 @@ def test_the_default_folder_is_one_bench_throughput_takes(make_jpeg_folder, benc
         t = throughput.parse(compiled)
         assert a.classes * a.train_per_class // t.batch >= t.warmup + t.steps + 2
     assert "--train-per-class 400" in make_jpeg_folder.__doc__
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "least"),
+    [("--classes", "0", 1), ("--train-per-class", "0", 1), ("--val-per-class", "-1", 0), ("--processes", "0", 1)],
+)
+def test_counts_that_make_no_folder_are_refused_before_one_is_written(
+    make_jpeg_folder, capsys, tmp_path, option, value, least
+) -> None:
+    """--train-per-class 0 divided by zero after the empty folder was already renamed into place; --classes 0 failed
+    at the rename, a negative count printed "-4 JPEGs"."""
+    with pytest.raises(SystemExit):
+        make_jpeg_folder.main([str(tmp_path / "jpegs"), option, value])
+    assert f"{option} {value}: give at least {least}" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+# bench/decode_bench.py
+
+
+def test_decode_bench_rates_a_row_by_the_images_it_handles(bench_script, monkeypatch) -> None:
+    """The decode-alone row decodes only a batch's JPEGs (PIL takes the rest) but was rated by the whole batch."""
+    decode_bench = bench_script("decode_bench")
+    clock = itertools.count()
+    monkeypatch.setattr(decode_bench, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    a = decode_bench.parse(["--data", "/unused", "--device", "cpu", "--iters", "4", "--warmup", "0"])
+    batch = [SimpleNamespace(encoded=True)] * 3 + [SimpleNamespace(encoded=False)]
+    handled = []
+    whole = decode_bench.time_row(handled.append, [batch], a, busy=False)
+    jpegs = decode_bench.time_row(handled.append, [batch], a, False, lambda b: sum(s.encoded for s in b))
+    assert len(handled) == 8 and whole["img/s"] == 16.0 and jpegs["img/s"] == 12.0  # one clock tick for 4 batches
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--batch", "0"], "--batch 0: give at least 1"),
+        (["--iters", "0"], "--iters 0: give at least 1"),
+        (["--batches", "0"], "--batches 0: give at least 1"),
+        (["--budgets", "64,x"], "--budgets '64,x': give whole numbers of 512x512 pixel blocks"),
+        (["--budgets", "0"], "--budgets '0': give whole numbers"),
+    ],
+)
+def test_decode_bench_refuses_counts_it_cannot_time(bench_script, capsys, argv, said) -> None:
+    with pytest.raises(SystemExit):
+        bench_script("decode_bench").parse(["--data", "/unused", *argv])
+    assert said in capsys.readouterr().err

@@ -81,3 +81,29 @@ def test_the_ranges_between_steps_are_the_apps(checker) -> None:
     import callbacks.ranges as r
 
     assert checker.BETWEEN_STEPS == (r.VALIDATION, r.EPOCH_END, r.CHECKPOINT, r.METRICS)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [(["--steps", "20"], "--steps '20': give the window's first and last step"), (["--steps", "29-20"], "29-20")],
+)
+def test_a_wrong_path_or_window_is_said_and_no_file_is_made(checker, tmp_path: Path, capsys, argv, said) -> None:
+    """A mistyped report path used to fail with sqlite's 'no such table' and leave an empty file under that name."""
+    missing = tmp_path / "typo.sqlite"
+    with pytest.raises(SystemExit):
+        checker.main([str(missing)])
+    assert f"{missing} does not exist: give nsys's SQLite export" in capsys.readouterr().err
+    assert not missing.exists()
+    report = write_report(tmp_path / "r.sqlite", [(0, 10, "step 20")], [])
+    with pytest.raises(SystemExit):
+        checker.main([str(report), *argv])
+    assert said in capsys.readouterr().err
+
+
+def test_a_report_without_nvtx_ranges_fails_with_the_reason(checker, tmp_path: Path) -> None:
+    import sqlite3
+
+    bare = tmp_path / "bare.sqlite"
+    sqlite3.connect(bare).execute("CREATE TABLE StringIds (id INT, value TEXT)").connection.commit()
+    result = checker.check(str(bare), range(20, 30), 1)
+    assert result["ok"] is False and "no NVTX_EVENTS table" in result["error"]

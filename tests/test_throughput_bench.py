@@ -15,6 +15,16 @@ def throughput(bench_script):
     return bench_script("throughput")
 
 
+@pytest.fixture(autouse=True)
+def gpu_machine(throughput, monkeypatch, tmp_path):
+    """The machine the parent checks before the first variant (its processes are stubbed here): two GPUs and the
+    plain loop in place."""
+    loop = tmp_path / "raw_loop_stand_in.py"
+    loop.write_text("raise SystemExit('the stand-in plain loop is not run by these tests')\n")
+    monkeypatch.setattr(throughput, "RAW_LOOP", loop)
+    monkeypatch.setattr(throughput, "cuda_devices", lambda: 2)
+
+
 def row(img_s: float, ms: float, peak: float) -> dict:
     return {"img_s": img_s, "ms_per_step": ms, "peak_mem_gib": peak}
 
@@ -35,9 +45,12 @@ def stub_children(monkeypatch, img_s: Callable[[list, dict], float] = lambda cmd
 
 
 def image_folder(root, classes: int = 3, per_class: int = 20):  # noqa: ANN001, ANN201
-    """``root/train/c<i>/<k>.JPEG``, empty files: the epoch check counts files, it does not open them."""
+    """``root/train/c<i>/<k>.JPEG`` and one ``root/val/c<i>/0.JPEG``, empty files: the epoch check counts files, it
+    does not open them."""
     for c in range(classes):
         (root / "train" / f"c{c}").mkdir(parents=True)
+        (root / "val" / f"c{c}").mkdir(parents=True)
+        (root / "val" / f"c{c}" / "0.JPEG").touch()
         for i in range(per_class):
             (root / "train" / f"c{c}" / f"{i}.JPEG").touch()
     return root
@@ -209,8 +222,67 @@ def test_a_folder_whose_epoch_ends_inside_the_timed_steps_is_refused(throughput,
     with pytest.raises(SystemExit, match=r"would cross an epoch's end.* at least 120 images"):
         throughput.main(["--variants", "raw,app_folder_gpu@0.85", "--data", str(tmp_path), "--batch", "4",
                          "--warmup", "2", "--steps", "11", "--gpus", "1,2"])  # fmt: skip
-    with pytest.raises(SystemExit, match=r"no class folders in .*missing"):
+    with pytest.raises(SystemExit, match=r"--data .*missing: .*missing does not exist or is not a folder"):
         throughput.check_epoch_room(str(tmp_path / "missing"), gpus=1, batch=4, warmup=2, steps=11)
+
+
+def test_a_folder_the_apps_data_setup_would_refuse_is_refused_before_any_run(throughput, monkeypatch, tmp_path) -> None:
+    """A folder from make_jpeg_folder.py --val-per-class 0 passed the epoch check, and every app_folder variant then
+    failed in its own process (after the variants before it)."""
+    image_folder(tmp_path)
+    (tmp_path / "val" / "c1" / "0.JPEG").unlink()
+    calls = stub_children(monkeypatch)
+    with pytest.raises(SystemExit, match=r"1 class folder\(s\) of .*val hold no image \(first: c1\).*--val-per-class"):
+        throughput.main(["--variants", "raw,app_folder", "--data", str(tmp_path), "--batch", "4", "--steps", "2"])
+    (tmp_path / "val" / "c2").rename(tmp_path / "val" / "c9")
+    with pytest.raises(SystemExit, match=r"val .*have different classes|class"):
+        throughput.check_epoch_room(str(tmp_path), gpus=1, batch=4, warmup=2, steps=2)
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("devices", "argv", "child_argv", "message"),
+    [
+        (0, ["--variants", "app_synthetic"], ["--child", "app_synthetic"], "no CUDA device here: bench/throughput.py"),
+        (1, ["--gpus", "1,2", "--variants", "app_synthetic"], ["--gpus", "2", "--child", "app_synthetic"],
+         r"--gpus 2?,?1?,?2?: this machine has 1 CUDA device\(s\)"),
+        (2, ["--variants", "app_synthetic,raw", "--raw-loop", "/nonexistent/raw_loop.py"],
+         ["--raw-loop", "/nonexistent/raw_loop.py", "--child", "raw"], "--raw-loop /nonexistent/raw_loop.py does not"),
+    ],
+)  # fmt: skip
+def test_what_the_machine_lacks_is_said_before_the_first_variant_runs(
+    throughput, monkeypatch, devices, argv, child_argv, message
+) -> None:
+    monkeypatch.setattr(throughput, "cuda_devices", lambda: devices)
+    calls = stub_children(monkeypatch)
+    with pytest.raises(SystemExit, match=message):
+        throughput.main(argv)
+    assert calls == []  # not after app_synthetic's run (minutes, compiled)
+    monkeypatch.setenv("BENCH_GPUS", "2" if "--gpus" in child_argv else "1")
+    ran = []
+    monkeypatch.setattr(throughput, "run_app", lambda a, variant: ran.append(variant) or {})
+    with pytest.raises(SystemExit, match=message):  # a variant run alone checks it too
+        throughput.main(child_argv)
+    assert ran == []
+
+
+def test_the_nvtx_variant_opens_its_window_after_the_timed_steps(throughput, monkeypatch) -> None:
+    """The app_nvtx row, run for real on the CPU (ResNet-18, batch 2): its window (the ranges come with one) used to
+    start past the run's end, which the profiling callback refuses before the first step."""
+    import pytorch_lightning as pl
+
+    from callbacks import profiler_window
+
+    opened = []
+    monkeypatch.setattr(
+        profiler_window.ProfilerWindow, "_open_window", lambda self, trainer, window: opened.append(trainer.global_step)
+    )
+    real_trainer = pl.Trainer
+    monkeypatch.setattr(pl, "Trainer", lambda **kwargs: real_trainer(**{**kwargs, "accelerator": "cpu"}))
+    a = throughput.parse(["--arch", "resnet18", "--batch", "2", "--precision", "fp32", "--warmup", "1", "--steps", "2"])
+    result = throughput.run_app(a, "app_nvtx")
+    assert result["img_s"] > 0
+    assert opened == [3]  # the timed steps are 1 and 2 (0-based); the window is the run's one extra step
 
 
 def test_compile_modes_are_those_of_the_classifier(throughput) -> None:
