@@ -49,11 +49,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from lightning_fabric.utilities.types import _PATH
 from pytorch_lightning.plugins.io import TorchCheckpointIO
-
-try:
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    from typing import override  # type: ignore[attr-defined,no-redef]
+from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
 
 #: errno values of ``fsync`` on a folder that mean "not supported by this filesystem", not "failed".
 _DIR_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF}

@@ -40,6 +40,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension, make_dataset
+from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
 
 import cpu_decode
 import cuda_env
@@ -56,11 +57,6 @@ from image_loading import (  # noqa: F401 (load_rgb: datamodule.load_rgb before 
     min_decode_side,
 )
 from prefetcher import IMAGENET_MEAN_255, IMAGENET_STD_255, DevicePrefetcher, SyntheticBatches
-
-try:  # Lightning marks hook overrides with typing_extensions' decorator; fall back for older Pythons
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    from typing import override  # type: ignore[attr-defined,no-redef]
 
 
 def fast_collate(batch: Sequence[tuple[Any, int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,16 +27,11 @@ import torch.nn.functional as F
 import torchvision
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import Metric
+from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
 
 from callbacks.ranges import METRICS, app_range
 from callbacks.resumable_checkpoint import inside_the_epoch
 from image_loading import IGNORED_TARGET
-
-try:
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    from typing import override  # type: ignore[attr-defined,no-redef]
-
 
 #: Trainer precisions that run through Lightning's MixedPrecision plugin (autocast; GradScaler for 16-mixed).
 MIXED_PRECISIONS = ("16-mixed", "bf16-mixed")

@@ -34,6 +34,7 @@ from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
 
 import apex_compat
 import cuda_env
@@ -48,11 +49,6 @@ from cli_parser import ReadableErrorsParser, tidy_console
 from datamodule import ImageNetDataModule
 from imagenet_module import LOGGED_METRICS, ImageNetClassifier
 from run_logger import NewRunFolder, RunLogger
-
-try:
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    from typing import override  # type: ignore[attr-defined,no-redef]
 
 try:  # Lightning's test for its model-registry checkpoint names ("registry", "registry:NAME:VERSION")
     from pytorch_lightning.utilities.model_registry import _is_registry

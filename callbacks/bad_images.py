@@ -12,13 +12,9 @@ from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback
+from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
 
 from image_loading import BadImageCounter, find_bad_image_counter
-
-try:
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    from typing import override  # type: ignore[attr-defined,no-redef]
 
 
 def _counters(loaders: Any) -> list[BadImageCounter]:

@@ -95,13 +95,9 @@ from pytorch_lightning.callbacks.timer import Interval
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from pytorch_lightning.utilities.rank_zero import rank_prefixed_message
+from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
 
 from callbacks.ranges import checkpoint_range
-
-try:
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    from typing import override  # type: ignore[attr-defined,no-redef]
 
 #: Signals that cannot be caught.
 _UNCATCHABLE = {"SIGKILL", "SIGSTOP"}

@@ -50,15 +50,11 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.profilers import Profiler
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from pytorch_lightning.utilities.rank_zero import rank_prefixed_message
+from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
 
 from callbacks.ranges import CHECKPOINT, EPOCH_END, EPOCH_START, VALIDATION, RangeStack
 from callbacks.step_timer import StepTimer
 from checkpoint_io import why_unwritable
-
-try:
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    from typing import override  # type: ignore[attr-defined,no-redef]
 
 #: Lightning's console logger (INFO is shown), for what a rank other than 0 says.
 _log = logging.getLogger("pytorch_lightning.profile")

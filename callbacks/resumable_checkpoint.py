@@ -55,15 +55,11 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_warn
+from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
 
 from callbacks.preemption import PreemptionHandler
 from callbacks.ranges import checkpoint_range
 from image_loading import BadImageError
-
-try:
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    from typing import override  # type: ignore[attr-defined,no-redef]
 
 
 class ResumableCheckpoint(ModelCheckpoint):
