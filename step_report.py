@@ -8,8 +8,8 @@ Written at the end of each profiling window (``--profile.report``, on by default
 
 Phases of an optimizer step, in the order they run on the main thread: ``data`` (waiting for the loader, issuing the
 copy of a later batch), ``forward``, ``backward``, ``optimizer`` and ``other`` (the rest of the step: zero_grad,
-hooks). ``h2d`` is the host-to-device copy and normalization on the prefetcher's side stream: it runs beside the
-step, so it is not part of the step's sum. Times come from two clocks:
+hooks). ``h2d`` is the host-to-device copy on the prefetcher's side stream (not the normalization after it): it runs
+beside the step, so it is not part of the step's sum. Times come from two clocks:
 
 * host: ``time.perf_counter`` at the phase boundaries (the NVTX ranges' boundaries);
 * gpu: CUDA events at the same boundaries on the compute stream (from a Kineto trace: kernel time of each phase).
@@ -35,7 +35,7 @@ from typing import Any
 
 import cuda_env
 from report_render import between_text, markdown, ranks_text, render_png
-from trace_summary import PHASES, TRACE_NAME_RE, copy_stats, load_trace, summarize_trace
+from trace_summary import INPUT_COPY_MIN_BYTES, PHASES, TRACE_NAME_RE, copy_stats, load_trace, summarize_trace
 
 #: Thresholds of the verdict.
 DATA_WAIT_PCT = 5.0  # data wait above this share of the step: input-bound
@@ -270,6 +270,8 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
     """``(findings, verdict line)``: what limits the step, most important first, and one line that says it plainly."""
     findings = []
     data = overall.get("data_pct_max")
+    # Judged as printed (one decimal): a 5.04% wait printed "5.0%" must not be above the 5% threshold.
+    data = None if data is None else round(data, 1)
     copies = overall.get("copies")
     where = f" (rank {overall['data_pct_max_rank']})" if overall.get("world_size", 1) > 1 else ""
     if copies and copies["pageable"]:
@@ -308,7 +310,9 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             # Fewer pixels per file: on an H200's 16 cores PIL kept compiled ResNet-50 fed from a copy at short side 256
             # (0.981 of synthetic) where the original 300-500 px files gave 0.517 (bench/RESULTS.md, tenth session).
             # On another such machine PIL fed 0.685 from the copy, the torchvision decoder 0.989 (fourteenth session).
-            advice = "more data.workers, a pre-resized copy (resize_dataset.py) or data.decode gpu"
+            advice = "more data.workers, a pre-resized copy (resize_dataset.py)"
+            # On a CPU run data.decode gpu falls back to the workers' decode: not advice there.
+            advice += " or data.decode gpu" if overall.get("cuda") else ""
             if overall.get("cpu_decoder") == "pil":
                 advice = f"data.cpu_decoder torchvision (1.2-1.3x PIL's rate), {advice}"
         findings.append(f"input-bound: data wait is {data:.1f}% of the step{where}; {advice}")
@@ -318,14 +322,25 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
     hidden = copies.get("hidden", overlapped) if copies else None
     if hidden is not None and hidden < OVERLAP_OK and not (data is not None and data > DATA_WAIT_PCT):
         waited = copies.get("waited_ms")
+        if overall.get("input") == "prefetcher":
+            # The app's own prefetcher issues them so already: what can still serialize them is the step's doing.
+            advice = (
+                "the prefetcher issues them non_blocking from pinned memory on a side stream a batch ahead, so look "
+                "for a host sync inside the step (a .item(), a tensor printed or compared on the host)"
+            )
+        else:
+            advice = (
+                "issue them non_blocking from pinned memory on a side stream a batch ahead, with no host sync in the "
+                "step"
+            )
         findings.append(
             f"copies serialize with compute: {100 * overlapped:.1f}% of H2D time overlaps compute kernels"
             + (f" and compute waited {waited:.2f} ms for its input" if waited is not None else "")
-            + "; issue them non_blocking from pinned memory on a side stream a batch ahead, with no host sync in the "
-            "step"
+            + f"; {advice}"
         )
     input_ok = not findings
     busy, lag, step = overall.get("gpu_busy"), overall.get("lag_ms"), overall.get("gpu_step_ms")
+    busy = None if busy is None else round(busy, 3)  # as printed: 0.8996 is "90.0%", not below 90%
     remedy = (
         "a larger batch, or less host work outside the compiled model (CUDA graphs are on already)"
         if overall.get("cuda_graphs")
@@ -338,8 +353,15 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             "most likely the GPU decode's host work: raise data.cpu_decode_share while CPU cores are free, "
             f"or data.decode cpu on a resize_dataset.py copy; else {remedy}"
         )
+    exact_busy = busy is not None and overall.get("gpu_busy_source") == "kineto"
+    if not input_ok and overall.get("cuda") and exact_busy and busy + (data or 0.0) / 100 < BUSY_OK:
+        # The input's stall leaves far more GPU idle time unexplained: fixing the input alone would not end it.
+        findings.append(
+            f"host-bound too: the GPU is busy {100 * busy:.1f}% of the window, and the data wait explains "
+            f"{data or 0.0:.1f}% of the rest; launch overhead: {remedy}"
+        )
     if input_ok and overall.get("cuda"):
-        if busy is not None and overall.get("gpu_busy_source") == "kineto" and busy < BUSY_OK:
+        if exact_busy and busy < BUSY_OK:
             findings.append(
                 f"host-bound: the GPU is busy {100 * busy:.1f}% of the window with no input stall; launch overhead: "
                 f"{remedy}"
@@ -364,6 +386,8 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
         )
     if input_ok:
         data_text = "" if data is None else f"data wait {'0' if data < 0.05 else f'{data:.1f}'}%"
+        if data_text and overall.get("world_size", 1) > 1:
+            data_text += f" (rank {overall['data_pct_max_rank']}'s, the most)"
         host_data = overall.get("host_data_pct_max")
         if data is not None and host_data is not None and host_data > DATA_WAIT_PCT:
             # Not a stall of the GPU, but the loader is where a host that stops running ahead would wait first.
@@ -378,6 +402,10 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             head = (
                 f"copies not measured (the loader is not a DevicePrefetcher: use profile.torch_profiler); {data_text}"
             )
+        elif copies is None and overall.get("input") == "trace":
+            # A trace alone does not say what the loader was: small copies (tiny JPEGs for the GPU decoder) are left
+            # out as not the input's.
+            head = f"no host-to-device copies of {INPUT_COPY_MIN_BYTES // 1024} KiB or more in the trace; {data_text}"
         elif copies is None:
             head = f"no host-to-device copies (data already on the device); {data_text}"
         elif overlapped is None:
@@ -398,7 +426,7 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             if data is not None and data >= ZERO_DATA_PCT:
                 head = f"prefetch hidden ({share}, {kind}) but {data_text}"
         return findings, "; ".join([head.rstrip("; "), *findings, *([gpu_bound_note(overall)] if gpu_bound else [])])
-    return findings, "; ".join(findings)
+    return findings, ("" if overall.get("cuda") else "CPU run: ") + "; ".join(findings)
 
 
 def gpu_bound_note(overall: dict) -> str:
@@ -489,7 +517,7 @@ def _batch_size_from_config(trace: Path) -> int | None:
 def _collect(paths: Sequence[str]) -> tuple[list[Path], list[Path]]:
     traces, reports = [], []
     for name in paths:
-        path = Path(name)
+        path = Path(name).resolve()
         if path.is_dir():
             traces += sorted(path.rglob("*.pt.trace.json")) + sorted(path.rglob("*.pt.trace.json.gz"))
             reports += sorted(p for p in path.rglob("step_report/window_*.json") if ".kineto" not in p.name)
@@ -499,7 +527,8 @@ def _collect(paths: Sequence[str]) -> tuple[list[Path], list[Path]]:
             reports.append(path)
         else:
             raise SystemExit(f"step_report: {path} is neither a run folder, a Kineto trace nor a report JSON")
-    return traces, reports
+    # A folder and a file in it, or a folder given twice: each file once (read twice, a rank counted twice).
+    return list(dict.fromkeys(traces, None)), list(dict.fromkeys(reports, None))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -518,20 +547,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         match = TRACE_NAME_RE.search(trace.name)
         key = (trace.parent, f"{match.group(2)}-{match.group(3)}" if match else trace.name.split(".")[0])
         groups.setdefault(key, []).append((int(match.group(1)) if match else None, trace))
-    for (folder, _), members in sorted(groups.items()):
+    for (folder, window), members in sorted(groups.items()):
+        ranks = [rank for rank, _ in members if rank is not None]
+        twice = next((rank for rank in ranks if ranks.count(rank) > 1), None)
+        if twice is not None:
+            named = " and ".join(str(trace) for rank, trace in members if rank == twice)
+            raise SystemExit(
+                f"step_report: {named} are both rank {twice}'s trace of steps {window} (a copy, e.g. gzipped): the "
+                "rank would count twice; pass one of them"
+            )
         summaries = []
         for rank, trace in members:
             batch = args.batch_size or _batch_size_from_config(trace)
             try:
                 summaries.append(summarize_trace(load_trace(trace), rank=rank, batch_size=batch))
-            except (ValueError, KeyError, OSError) as error:
-                raise SystemExit(f"step_report: {trace}: {error}") from error
+            except (ValueError, KeyError, OSError, TypeError, AttributeError) as error:
+                # A file that is JSON but not this app's trace (values of the wrong type, no ranges) included.
+                raise SystemExit(f"step_report: {trace}: {error or type(error).__name__}") from error
         report = build_report(summaries)
         out = Path(args.out) if args.out else (folder.parent if folder.name == "traces" else folder) / "step_report"
         paths = write_report(report, out, f"window_{report['window'][0]}-{report['window'][1]}.kineto")
         print("\n".join(summary_lines(report)) + f"\n  written: {', '.join(str(p) for p in paths)}")
     for path in reports:
-        print("\n".join(summary_lines(json.loads(path.read_text()))) + f"\n  from: {path}")
+        try:
+            lines = summary_lines(json.loads(path.read_text()))
+        except (ValueError, KeyError, OSError, TypeError, AttributeError) as error:
+            raise SystemExit(
+                f"step_report: {path}: not a step report ({type(error).__name__}: {error}); pass a "
+                "step_report/window_*.json, a Kineto trace or a run folder"
+            ) from error
+        print("\n".join(lines) + f"\n  from: {path}")
     return 0
 
 

@@ -89,8 +89,14 @@ def phase_times(step: Interval, phases: dict[str, Sequence[Interval]]) -> dict[s
 def load_trace(path: str | Path) -> dict:
     """A Kineto (chrome trace) JSON file, plain or gzipped."""
     opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as handle:
-        return json.load(handle)
+    try:
+        with opener(path, "rt") as handle:
+            trace = json.load(handle)
+    except EOFError as error:  # a gzipped file cut short
+        raise ValueError(f"cut short ({error})") from error
+    if not isinstance(trace, dict):
+        raise ValueError(f"not a Kineto trace: a JSON {type(trace).__name__} where an object with traceEvents is")
+    return trace
 
 
 def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None = None) -> dict:
@@ -127,6 +133,8 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
     epoch_start = _fold_epoch_start(annotations, main_tid, step_ranges)
     step_starts = [a for a, _ in step_ranges]  # after an epoch's end a step now starts after its first fetch
     host_gaps = [(step_ranges[i][1], step_ranges[i + 1][0]) for i in sorted(gaps)]
+    # The steps whose first fetch was moved out of them: every data range left in them is a later micro-batch's.
+    folded = {i + 1 for i in first_fetch} | ({0} if epoch_start else set())
     launch_gaps = host_gaps + ([epoch_start] if epoch_start else [])
     phases: list[dict[str, list[Interval]]] = [{n: [] for n in RANGE_PHASES} for _ in steps]
     for e in annotations:
@@ -230,7 +238,8 @@ def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None
                 begin = min(first, max(previous_end, pending))
                 gpu_gaps.append((previous_end, begin))
             pending = None
-            gpu = {"data": max(0.0, first - begin) + _later_fetch_waits(step_kernels[i], phases[i]["data"])}
+            later = phases[i]["data"] if i in folded else sorted(phases[i]["data"])[1:]
+            gpu = {"data": max(0.0, first - begin) + _later_fetch_waits(step_kernels[i], later)}
             for name in ("forward", "backward", "optimizer"):
                 gpu[name] = length(per_step[i][name])
             gpu["total"] = last - begin
@@ -402,13 +411,13 @@ def _move_past_first_fetch(
     return fetched
 
 
-def _later_fetch_waits(kernels: Sequence[tuple[float, float, float]], fetches: Sequence[Interval]) -> float:
+def _later_fetch_waits(kernels: Sequence[tuple[float, float, float]], later: Sequence[Interval]) -> float:
     """The compute stream's idle time at a step's later fetches (gradient accumulation's next micro-batches): for each
-    ``data`` range after the first, from the end of the compute launched before the fetch ended to the start of the
-    first kernel launched after it. ``kernels`` are the step's ``(launch, start, end)``; the first fetch's wait is the
-    gap before the step's first kernel, counted by the caller."""
+    ``data`` range of ``later``, from the end of the compute launched before the fetch ended to the start of the first
+    kernel launched after it. ``kernels`` are the step's ``(launch, start, end)``; the first fetch's wait is the gap
+    before the step's first kernel, counted by the caller (also where that fetch was moved out of the step)."""
     waited = 0.0
-    for _, fetched in sorted(fetches)[1:]:
+    for _, fetched in later:
         before = [end for launch, _, end in kernels if launch < fetched]
         after = [start for launch, start, _ in kernels if launch >= fetched]
         if before and after:

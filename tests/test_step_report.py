@@ -124,6 +124,39 @@ def test_verdict_names_what_to_change(kwargs, expected):
     assert expected in report["verdict"], report["verdict"]
 
 
+def test_an_input_stall_that_leaves_most_of_the_idle_gpu_unexplained_is_host_bound_too():
+    """On an H200 a window said only "input-bound: data wait is 5.3%" while the GPU was busy 11.4% of it."""
+    starved = rank_summary(data=6.0, busy=0.114) | {"gpu_busy_source": "kineto"}
+    findings = build_report([starved])["findings"]
+    assert findings[0].startswith("input-bound: data wait is 6.0% of the step")
+    assert findings[1].startswith(
+        "host-bound too: the GPU is busy 11.4% of the window, and the data wait explains 6.0%"
+    )
+    # Busy as far as the data wait explains: the input alone.
+    explained = rank_summary(data=6.0, busy=0.87) | {"gpu_busy_source": "kineto"}
+    assert [f.split(":")[0] for f in build_report([explained])["findings"]] == ["input-bound"]
+
+
+def test_the_verdict_judges_its_figures_as_it_prints_them():
+    assert build_report([rank_summary(data=5.04)])["findings"] == []  # printed "5.0%": not above 5%
+    assert build_report([rank_summary(data=5.06)])["findings"][0].startswith("input-bound: data wait is 5.1%")
+    almost = rank_summary(busy=0.8996) | {"gpu_busy_source": "kineto"}
+    assert build_report([almost])["findings"] == []  # printed "90.0%": not below 90%
+    # From a trace alone, a run without input copies of 64 KiB or more (tiny JPEGs for the GPU decoder) is not said
+    # to have its data on the device.
+    findings, line = verdict({"cuda": True, "copies": None, "data_pct_max": 0.0, "input": "trace"})
+    assert line == "no host-to-device copies of 64 KiB or more in the trace; data wait 0%" and findings == []
+
+
+def test_a_cpu_run_s_input_stall_is_not_sent_to_the_gpu_decoder():
+    """data.decode gpu falls back to the workers on a CPU run: advice that changes nothing there."""
+    report = build_report([rank_summary(data=8.0, gpu=False)])
+    assert report["verdict"] == (
+        "CPU run: input-bound: data wait is 8.0% of the step; more data.workers, a pre-resized copy (resize_dataset.py)"
+    )
+    assert "data.decode gpu" in build_report([rank_summary(data=8.0)])["verdict"]
+
+
 def test_with_the_gpu_decoding_an_input_stall_points_at_cpu_cores_not_at_the_gpu_decoder():
     decoded = trace_summary.copy_stats(40.0, 39.84, pinned=0, pageable=0, count=4, source="events")
     stalled, hidden = rank_summary(data=20.0, copies=decoded), rank_summary(copies=decoded)
@@ -250,10 +283,14 @@ def test_verdict_host_bound_from_an_exact_busy_fraction():
     ],
 )
 def test_a_gpu_bound_window_names_the_kernels_as_the_lever_by_how_the_model_is_compiled(compile, tuning, lever):
-    ranks = [rank_summary(rank=r) | {"compile": compile, "compile_tuning": tuning} for r in range(2)]
+    ranks = [
+        rank_summary(rank=r, data=0.1 + 0.02 * r) | {"compile": compile, "compile_tuning": tuning} for r in range(2)
+    ]
     report = build_report(ranks)
     assert report["findings"] == []  # not a problem: what sets the pace
-    assert report["verdict"].startswith("prefetch hidden: 99.6% overlapped, pinned, data wait 0.1%; GPU-bound: ")
+    # The data wait is the most of any rank's, named as such.
+    hidden = "prefetch hidden: 99.6% overlapped, pinned, data wait 0.1% (rank 1's, the most); GPU-bound: "
+    assert report["verdict"].startswith(hidden)
     assert lever in report["verdict"].split("; GPU-bound: ")[1]
     # One rank untuned (or from a report that predates the field): the tuning is still the advice.
     ranks[1].pop("compile_tuning")
@@ -491,10 +528,13 @@ def test_identical_ranks_on_different_clocks_are_no_stragglers():
     assert build_report(ranks)["stragglers"] == []
 
 
-def test_a_trace_counts_the_gpus_wait_at_every_micro_batchs_fetch():
+@pytest.mark.parametrize("epoch_start", [False, True])
+def test_a_trace_counts_the_gpus_wait_at_every_micro_batchs_fetch(epoch_start):
     # Two micro-batches a step: the second fetch (host 20..30 us) held the compute stream idle from 25 (the first
-    # micro-batch's last kernel) to 40 (the first kernel launched after the fetch).
-    events = [_x("step 5", "user_annotation", 0, 60)]
+    # micro-batch's last kernel) to 40 (the first kernel launched after the fetch). With the window opening at an
+    # epoch's start, the first fetch (0..5) is moved out of the step, which then starts at 5: the second fetch's wait
+    # was taken for the first one's and left out.
+    events = [_x("step 5", "user_annotation", 0, 60)] + [_x("epoch start", "user_annotation", 0, 5)] * epoch_start
     for name, at, dur in (("data", 0, 5), ("forward", 5, 5), ("backward", 10, 10), ("data", 20, 10),
                           ("forward", 30, 5), ("backward", 35, 10), ("optimizer", 45, 5)):  # fmt: skip
         events.append(_x(name, "user_annotation", at, dur))
@@ -503,7 +543,8 @@ def test_a_trace_counts_the_gpus_wait_at_every_micro_batchs_fetch():
         events.append(_x("cudaLaunchKernel", "cuda_runtime", launched, 1, correlation=correlation))
         events.append(_x("kernel", "kernel", start, dur, stream=7, correlation=correlation))
     (row,) = summarize_trace({"traceEvents": events}, batch_size=8)["steps"]
-    assert row["gpu"]["data"] == pytest.approx(0.006 + 0.015)  # before the first kernel, and at the second fetch
+    # Before the first kernel (from the step's start, 0 or 5 us), and at the second fetch.
+    assert row["gpu"]["data"] == pytest.approx((0.001 if epoch_start else 0.006) + 0.015)
     assert sum(row["gpu"][p] for p in ("data", "forward", "backward", "optimizer", "other")) == pytest.approx(
         row["gpu"]["total"]
     )
@@ -716,6 +757,45 @@ def test_command_line_reports_every_window_of_a_run_folder(tmp_path, capsys):
     assert step_report.main([str(tmp_path / "empty")]) == 1
     with pytest.raises(SystemExit, match="neither a run folder"):
         step_report.main([str(tmp_path / "run" / "config.yaml")])
+
+
+def test_a_trace_given_twice_counts_once_and_a_copy_of_it_is_refused(tmp_path, capsys):
+    """A folder and a trace in it, or a trace beside its gzipped copy, read as two ranks: "2 rank(s)", twice the
+    img/s."""
+    traces = tmp_path / "run" / "traces"
+    traces.mkdir(parents=True)
+    trace = traces / "rank0_steps10-11.pt.trace.json"
+    trace.write_text(json.dumps(handmade_trace()))
+    assert step_report.main([str(tmp_path / "run"), str(trace), "--batch-size", "8"]) == 0
+    assert "steps 10-11, 1 rank(s)" in capsys.readouterr().out
+    with gzip.open(traces / "rank0_steps10-11.pt.trace.json.gz", "wt") as handle:
+        json.dump(handmade_trace(), handle)
+    with pytest.raises(SystemExit, match=r"rank0_steps10-11.pt.trace.json and .*\.gz are both rank 0's trace of steps "
+                                         r"10-11 .*pass one of them"):  # fmt: skip
+        step_report.main([str(tmp_path / "run")])
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "said"),
+    [
+        ("rank0_steps1-2.pt.trace.json", "[]", "not a Kineto trace: a JSON list"),
+        ("rank0_steps1-2.pt.trace.json.gz", None, "cut short"),
+        ("rank0_steps1-2.pt.trace.json", '{"traceEvents": [{"ph": "X", "name": "step 1", "cat": "user_annotation", '
+         '"ts": "0", "dur": 5}]}', "rank0_steps1-2.pt.trace.json: "),
+        ("window_1-2.json", '{"foo": 1}', "window_1-2.json: not a step report (KeyError"),
+        ("window_1-2.json", "not json", "window_1-2.json: not a step report (JSONDecodeError"),
+    ],
+)  # fmt: skip
+def test_a_file_that_is_not_a_trace_or_a_report_is_named_in_one_line(tmp_path, name, content, said):
+    path = tmp_path / name
+    if content is None:  # a gzipped trace cut short
+        path.write_bytes(gzip.compress(json.dumps(handmade_trace()).encode())[:200])
+    else:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as stopped:
+        step_report.main([str(path), "--out", str(tmp_path / "out")])
+    assert str(stopped.value).startswith("step_report: ") and said in str(stopped.value)
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_png_wraps_a_long_verdict_instead_of_cutting_it():

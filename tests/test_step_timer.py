@@ -204,9 +204,9 @@ def test_a_copy_run_while_the_gpu_waits_for_the_host_is_hidden_one_that_compute_
         assert copies["waited_ms"] == pytest.approx(1) and copies["hidden"] == pytest.approx(1 - 1 / 2.8, abs=1e-4)
         assert report["findings"] == [
             "copies serialize with compute: 35.7% of H2D time overlaps compute kernels and compute waited 1.00 ms "
-            "for its input; issue them non_blocking from pinned memory on a side stream a batch ahead, with no host "
-            "sync in the step"
-        ]
+            "for its input; the prefetcher issues them non_blocking from pinned memory on a side stream a batch "
+            "ahead, so look for a host sync inside the step (a .item(), a tensor printed or compared on the host)"
+        ]  # not the advice to do what the app's prefetcher does already
     assert "| compute waited for input (ms) |" in step_report.markdown(report)
 
 
