@@ -58,6 +58,8 @@ from typing import Any
 
 import torch
 
+from atomic_files import atomic_torch_save
+
 #: Key of the conversion record inside a converted checkpoint.
 RECORD_KEY = "apex_main_amp"
 #: Bumped when the layout of converted checkpoints changes, so older conversions are redone.
@@ -510,10 +512,8 @@ def _stored_key(path: Path) -> str | None:
 
 
 def _atomic_save(checkpoint: dict[str, Any], output: Path) -> None:
-    """Saves as the run's own checkpoints are saved (checkpoint_io.atomic_torch_save: synced temporary file, rename,
+    """Saves as the run's own checkpoints are saved (atomic_files.atomic_torch_save: synced temporary file, rename,
     synced folder; permissions 0666 minus the umask)."""
-    from checkpoint_io import atomic_torch_save  # imported here: it loads Lightning, which reading a file does not need
-
     try:
         atomic_torch_save(checkpoint, output)
     except OSError as error:

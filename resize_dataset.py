@@ -50,6 +50,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from atomic_files import atomic_write
 from datamodule import RESIZE_MANIFEST, class_folders, read_resize_manifest, visible_samples
 from image_loading import MAX_PIXELS, BadImageError, load_rgb
 
@@ -168,9 +169,8 @@ def check_paths(src: Path, dst: Path, options: dict) -> dict | None:
 
 
 def _write_manifest(dst: Path, manifest: dict) -> None:
-    partial = dst / f".{MANIFEST}.{os.getpid()}.partial"
-    partial.write_text(json.dumps(manifest))
-    os.replace(partial, dst / MANIFEST)
+    # Synced: the manifest's "complete" must not reach the disk before the files it vouches for are named.
+    atomic_write(dst / MANIFEST, lambda file: file.write(json.dumps(manifest).encode()))
 
 
 def resize_folder(src: Path, dst: Path, short_side: int, quality: int, workers: int, chunk: int = 64) -> Counter:

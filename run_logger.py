@@ -9,7 +9,7 @@ dropped, not continued by the resumed run's first row.
 
 Lightning's writer rewrites the whole file in place when a metric appears that its header lacks (the first
 validation's, or a resumed segment's): a kill or a full disk during that rewrite left the header alone, the history
-gone. Here the rewrite goes through a synced temporary file and a rename (:func:`checkpoint_io.atomic_write`), so the
+gone. Here the rewrite goes through a synced temporary file and a rename (:func:`atomic_files.atomic_write`), so the
 file is the old one or the whole new one.
 
 :class:`NewRunFolder` takes back the run folder of a run refused before its first step.
@@ -28,7 +28,7 @@ from lightning_fabric.utilities.rank_zero import rank_zero_only
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
-from checkpoint_io import atomic_write
+from atomic_files import atomic_write
 
 
 class _AtomicRewriteWriter(ExperimentWriter):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import cuda_env
+from atomic_files import atomic_write
 from report_render import between_text, markdown, ranks_text, render_png
 from trace_summary import INPUT_COPY_MIN_BYTES, PHASES, TRACE_NAME_RE, copy_stats, load_trace, summarize_trace
 
@@ -477,25 +477,15 @@ def summary_lines(report: dict) -> list[str]:
     return lines
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` through a temporary file and ``os.replace``: a reader never sees half a file."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        partial.write_bytes(data)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-
-
 def write_report(report: dict, folder: str | Path, stem: str | None = None) -> list[Path]:
     """Writes ``<folder>/<stem>.json``, ``.md`` and ``.png`` (default stem ``window_<A>-<B>``); returns the paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     stem = stem or f"window_{report['window'][0]}-{report['window'][1]}"
     paths = [folder / f"{stem}.{ext}" for ext in ("json", "md", "png")]
-    write_atomic(paths[0], (json.dumps(report, indent=1) + "\n").encode())
-    write_atomic(paths[1], markdown(report).encode())
-    write_atomic(paths[2], render_png(report))
+    for path, data in zip(paths, ((json.dumps(report, indent=1) + "\n").encode(), markdown(report).encode(),
+                                  render_png(report)), strict=True):  # fmt: skip
+        atomic_write(path, lambda file, data=data: file.write(data))  # a reader never sees half a file
     return paths
 
 

@@ -18,7 +18,8 @@ import pytorch_lightning as pl
 import torch
 
 import checkpoint_io
-from checkpoint_io import STALE_AFTER_S, AtomicCheckpointIO, remove_stale_temporaries, repair_epoch_progress
+from atomic_files import STALE_AFTER_S
+from checkpoint_io import AtomicCheckpointIO, repair_epoch_progress
 
 #: Exit status of a child that "died" on purpose in the middle of a save.
 DIED = 37
@@ -144,23 +145,6 @@ def test_the_next_save_removes_what_a_killed_save_left_once_it_is_stale(tmp_path
     plugin.save_checkpoint(checkpoint(4), path)
     assert temp_files(path.parent) == sorted([alive, other])
     assert_version(path, 4)
-
-
-def test_stale_temporaries_of_a_long_name_are_found_whatever_their_pids_length(tmp_path: Path) -> None:
-    path = tmp_path / ("x" * 240 + ".ckpt")  # a save's temporary name is shortened to fit 255 bytes
-    old = time.time() - STALE_AFTER_S - 1
-    left = []
-
-    def gone(pids: range) -> int:
-        return next(pid for pid in pids if not Path(f"/proc/{pid}").exists())
-
-    for pid in (gone(range(99, 9, -1)), gone(range(4_000_000, 3_000_000, -1))):  # dead; another length than ours
-        suffix = f".{pid}.0badc0de.tmp"
-        left.append(tmp_path / f".{path.name[: 255 - len(suffix) - 1]}{suffix}")
-        left[-1].write_bytes(b"part")
-        os.utime(left[-1], (old, old))
-    assert sorted(remove_stale_temporaries(path)) == sorted(left)
-    assert temp_files(tmp_path) == []
 
 
 def test_the_same_kill_corrupts_a_plain_save(tmp_path: Path) -> None:

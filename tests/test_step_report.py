@@ -720,17 +720,14 @@ def test_write_report_writes_json_markdown_and_a_valid_png_atomically(tmp_path):
     assert sorted(p.name for p in (tmp_path / "step_report").iterdir()) == sorted(p.name for p in paths)  # no temps
 
 
-def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
-    target = tmp_path / "r.json"
-    target.write_text("old")
-
-    def boom(*_):  # noqa: ANN002
-        raise OSError("disk full")
-
-    monkeypatch.setattr(step_report.os, "replace", boom)
-    with pytest.raises(OSError, match="disk full"):
-        step_report.write_atomic(target, b"new")
-    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+def test_a_report_file_that_fails_to_be_written_leaves_the_old_one_whole(tmp_path, monkeypatch):
+    step_report.write_report(build_report([rank_summary()]), tmp_path, "w")
+    png = (tmp_path / "w.png").read_bytes()
+    monkeypatch.setattr(step_report, "render_png", lambda report: "not bytes: the write fails midway")
+    with pytest.raises(TypeError):
+        step_report.write_report(build_report([rank_summary(data=20.0)]), tmp_path, "w")
+    assert (tmp_path / "w.png").read_bytes() == png
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.json", "w.md", "w.png"]  # no temporary left
 
 
 def test_command_line_reports_every_window_of_a_run_folder(tmp_path, capsys):
