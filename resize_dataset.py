@@ -51,7 +51,7 @@ from pathlib import Path
 from PIL import Image
 
 from atomic_files import atomic_write
-from datamodule import RESIZE_MANIFEST, class_folders, read_resize_manifest, visible_samples
+from image_folder import RESIZE_MANIFEST, class_folders, read_resize_manifest, visible_samples
 from image_loading import MAX_PIXELS, BadImageError, load_rgb
 
 # The training loader raises PIL's process-wide limit to its own before opening a file; the header read here comes
@@ -69,7 +69,7 @@ _ORIENTATION = 0x0112
 
 
 def image_files(root: Path, splits: Sequence[str] = SPLITS) -> Iterator[Path]:
-    """Every image of ``root``'s splits as the app's dataset finds them (:func:`datamodule.visible_samples` over the
+    """Every image of ``root``'s splits as the app's dataset finds them (:func:`image_folder.visible_samples` over the
     visible class folders), relative to ``root``, in a fixed order."""
     for split in splits:
         folder = root / split

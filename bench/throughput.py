@@ -501,11 +501,11 @@ def check_epoch_room(data: str, gpus: int, batch: int, warmup: int, steps: int) 
     At an epoch's end the loader's workers run dry and refill from empty (the next epoch's first batch is decoded
     after the last one is consumed): a stall of about one batch's decode per worker, inside the timed window it is
     not throughput. The sampler and the loader drop the remainder, so each GPU sees ``images // gpus // batch``
-    batches an epoch. Images are counted as the app's dataset finds them (``datamodule.visible_samples``: visible
+    batches an epoch. Images are counted as the app's dataset finds them (``image_folder.visible_samples``: visible
     class folders and files, torchvision's extensions, sub-folders included).
     """
     sys.path.insert(0, str(ROOT))
-    from datamodule import check_layout, class_folders, visible_samples
+    from image_folder import check_layout, class_folders, visible_samples
 
     train, val = Path(data) / "train", Path(data) / "val"
     try:

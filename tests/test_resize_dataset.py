@@ -16,7 +16,8 @@ import pytest
 from PIL import Image
 
 import resize_dataset
-from datamodule import ImageNetDataModule, _ImageFolder, check_layout
+from datamodule import ImageNetDataModule
+from image_folder import VisibleImageFolder, check_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -299,7 +300,7 @@ def test_image_files_are_the_files_the_dataset_finds(tmp_path: Path) -> None:
     (src / "train" / "a" / "linked").symlink_to(linked, target_is_directory=True)
     names = [str(p) for p in resize_dataset.image_files(src)]
     for split in ("train", "val"):
-        dataset = _ImageFolder(str(src / split), loader=lambda path: path)
+        dataset = VisibleImageFolder(str(src / split), loader=lambda path: path)
         assert sorted(n for n in names if n.startswith(f"{split}/")) == sorted(
             str(Path(path).relative_to(src)) for path, _ in dataset.samples
         )
