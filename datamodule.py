@@ -44,17 +44,10 @@ import cpu_decode
 import cuda_env
 import shapes_dataset
 from callbacks.preemption import WorkerSignalShield
-from gpu_decode import NVJPEG_BINDINGS, EncodedSampleLoader, decode_batch, encoded_collate
+from encoded_batch import EncodedSampleLoader, encoded_collate
+from gpu_decode import NVJPEG_BINDINGS, decode_batch
 from image_folder import VisibleImageFolder, check_layout
-from image_loading import (  # noqa: F401 (load_rgb: datamodule.load_rgb before image_loading.py, re-exported)
-    BadImageCollate,
-    BadImageCounter,
-    BadImagePolicy,
-    ImageLoader,
-    SeededIndex,
-    load_rgb,
-    min_decode_side,
-)
+from image_loading import BadImageCollate, BadImageCounter, BadImagePolicy, ImageLoader, SeededIndex, min_decode_side
 from prefetcher import IMAGENET_MEAN_255, IMAGENET_STD_255, DevicePrefetcher, SyntheticBatches
 
 

@@ -40,12 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpu_decode import (  # noqa: E402
-    Encoded,
-    EncodedSampleLoader,
-    decode_crop_resize,
-    decode_crop_resize_reference,
-)
+from encoded_batch import Encoded, EncodedSampleLoader  # noqa: E402
+from gpu_decode import decode_crop_resize, decode_crop_resize_reference  # noqa: E402
 from image_loading import ImageLoader, min_decode_side  # noqa: E402
 
 EXTENSIONS = {".jpeg", ".jpg", ".png"}

@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from longest_pause import LongestPause  # noqa: E402 (bench/, the script's own folder)
 
-from gpu_decode import Encoded, encoded_collate, release_host_buffer  # noqa: E402
+from encoded_batch import Encoded, encoded_collate  # noqa: E402
+from gpu_decode import release_host_buffer  # noqa: E402
 
 
 class Crops(Dataset):

@@ -51,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from longest_pause import LongestPause  # noqa: E402 (bench/, the script's own folder)
 
 import gpu_decode  # noqa: E402
-from gpu_decode import Encoded, EncodedSampleLoader, decode_batch, encoded_collate  # noqa: E402
+from encoded_batch import Encoded, EncodedSampleLoader, encoded_collate  # noqa: E402
+from gpu_decode import decode_batch  # noqa: E402
 from nvjpeg_batched import BatchedDecoder, NvjpegError  # noqa: E402
 
 

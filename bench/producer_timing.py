@@ -107,6 +107,7 @@ def instrument(
     import torch.utils.data.dataloader as dataloader
     import torchvision.io
 
+    import encoded_batch
     import gpu_decode
     import nvjpeg_batched
     import prefetcher
@@ -118,7 +119,7 @@ def instrument(
     for name in ("decode_batch", "_decode", "_crop_resize", "_staged", "release_later", "release_host_buffer"):
         timed(gpu_decode, name, name)
     timed(gpu_decode._DecodeStream, "decode", "nvJPEG decode (_DecodeStream.decode)")
-    timed(gpu_decode.PackedBatch, "unpack", "PackedBatch.unpack")
+    timed(encoded_batch.PackedBatch, "unpack", "PackedBatch.unpack")
     timed(torch.cuda.Event, "synchronize", "torch.cuda.Event.synchronize")
     timed(torch.cuda.Stream, "synchronize", "torch.cuda.Stream.synchronize")
     timed(torchvision.io, "decode_jpeg", "torchvision decode_jpeg")

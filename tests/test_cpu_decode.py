@@ -20,7 +20,7 @@ import cpu_decode
 import image_loading
 from cpu_decode import TensorImageLoader, TrainTransform, ValTransform
 from datamodule import ImageNetDataModule, fast_collate, sample_seed
-from gpu_decode import EncodedSampleLoader
+from encoded_batch import EncodedSampleLoader
 from image_loading import BadImageError, SeededIndex, load_rgb
 
 

@@ -174,8 +174,9 @@ def test_fast_collate_batches_pin_and_normalize_on_gpu():
 
 
 def test_gpu_decode_matches_cpu_decode(tmp_path: Path):
-    from datamodule import load_rgb
-    from gpu_decode import EncodedSampleLoader, decode_crop_resize
+    from encoded_batch import EncodedSampleLoader
+    from gpu_decode import decode_crop_resize
+    from image_loading import load_rgb
 
     root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=2, val_per_class=1, image_size=120)
     val = EncodedSampleLoader(False, 96, 0.08, 110, load_rgb)
@@ -191,7 +192,8 @@ def test_gpu_decode_matches_cpu_decode(tmp_path: Path):
 def test_gpu_validation_crop_is_torchvisions_resize_and_center_crop():
     import torchvision.transforms.v2.functional as F2
 
-    from gpu_decode import Encoded, center_crop_geometry, decode_crop_resize
+    from encoded_batch import Encoded, center_crop_geometry
+    from gpu_decode import decode_crop_resize
 
     generator = torch.Generator().manual_seed(0)
     samples, references = [], []
@@ -214,8 +216,9 @@ def test_split_decode_copies_the_finished_crops_exactly_and_decodes_the_rest(tmp
 
     from torchvision import transforms
 
-    from datamodule import load_rgb
-    from gpu_decode import EncodedSampleLoader, decode_batch, encoded_collate, release_pending
+    from encoded_batch import EncodedSampleLoader, encoded_collate
+    from gpu_decode import decode_batch, release_pending
+    from image_loading import load_rgb
 
     root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=3, val_per_class=1, image_size=120)
     crop = transforms.Compose([transforms.Resize(110), transforms.CenterCrop(96)])

@@ -348,12 +348,13 @@ def test_a_remade_decoder_keeps_decoding_right():
 
 @pytest.mark.gpu
 def test_decode_batch_with_the_preallocated_decoder_gives_torchvisions_crops():
-    from gpu_decode import Encoded, decode_batch, encoded_collate
+    from encoded_batch import Encoded, PackedBatch, encoded_collate
+    from gpu_decode import decode_batch
 
     pool = gpu_decode._DecodeStream.of(torch.device("cuda", torch.cuda.current_device()))
     pool.preallocated_failed, pool.warned = False, set()
 
-    def batch(progressive: bool, read: bool = False) -> gpu_decode.PackedBatch:
+    def batch(progressive: bool, read: bool = False) -> PackedBatch:
         samples = []
         for seed, (h, w) in enumerate([(375, 500), (400, 300), (333, 500)]):
             data = jpeg_of(w, h, seed, progressive=progressive and seed == 1)

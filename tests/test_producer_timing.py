@@ -21,8 +21,9 @@ from functools import partial
 from pathlib import Path
 import torch
 from torchvision import transforms
-from datamodule import load_rgb
-from gpu_decode import EncodedSampleLoader, decode_batch, encoded_collate
+from image_loading import load_rgb
+from encoded_batch import EncodedSampleLoader, encoded_collate
+from gpu_decode import decode_batch
 from prefetcher import DevicePrefetcher
 root = Path(sys.argv[1])
 crop = transforms.Compose([transforms.Resize(73), transforms.CenterCrop(64)])
