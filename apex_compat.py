@@ -119,7 +119,7 @@ _FALSE_LOOKING = ("false", "0", "no", "off")
 
 def build_parser() -> argparse.ArgumentParser:
     """A replica of main_amp.py's parser: the same flags, defaults, types and prefix matching (``--b`` works)."""
-    from imagenet_module import classification_archs
+    from torchvision_models import classification_archs
 
     model_names = classification_archs()
     parser = _OriginalParser(
