@@ -166,12 +166,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     unknown = sorted(set(variants) - set(runners))
     if unknown:
         sys.exit(f"unknown variant(s) {unknown}; valid: {sorted(runners)}")
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the loop's cost, not intra-op parallelism over a tiny tensor
     results: dict[str, float] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Lightning's advice about workers and logging intervals, every repeat
-        for variant in variants:
-            results[variant] = min(runners[variant]() for _ in range(a.repeat))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Lightning's advice about workers and logging intervals, every repeat
+            for variant in variants:
+                results[variant] = min(runners[variant]() for _ in range(a.repeat))
+    finally:
+        # Given back: a caller in the same process (the test suite) would train on one thread, with another float
+        # summation order than its other runs.
+        torch.set_num_threads(threads)
     print(f"\n| variant ({a.device}, batch {BATCH} of {IMAGE}x{IMAGE}, linear model) | us/step | over previous |")
     print("|---|---|---|")
     previous = None
