@@ -183,7 +183,7 @@ class DevicePrefetcher(LoaderProxy):
     @staticmethod
     def _copy_started(images: Any, targets: Any) -> CopyEvents:
         """Records the start event on the current (side) stream and notes what the host batch is."""
-        parts = images if isinstance(images, tuple) else (images,)  # a encoded_batch.PackedBatch: its buffer
+        parts = images if isinstance(images, tuple) else (images,)  # an encoded_batch.PackedBatch: its buffer
         tensors = [t for t in (*parts, targets) if isinstance(t, torch.Tensor)]
         pinned = images.is_pinned() if isinstance(images, torch.Tensor) else None
         nbytes = sum(t.nelement() * t.element_size() for t in tensors)

@@ -320,6 +320,7 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
     # Hidden: overlapped, or run while the compute stream had nothing issued to run (then the host, not the copy, is
     # what the GPU waited for). A report without the wait (older JSON) judges the overlap alone.
     hidden = copies.get("hidden", overlapped) if copies else None
+    hidden = None if hidden is None else round(hidden, 3)  # as printed: 0.8996 is "90.0%", not below 90%
     if hidden is not None and hidden < OVERLAP_OK and not (data is not None and data > DATA_WAIT_PCT):
         waited = copies.get("waited_ms")
         if overall.get("input") == "prefetcher":
@@ -354,11 +355,13 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             f"or data.decode cpu on a resize_dataset.py copy; else {remedy}"
         )
     exact_busy = busy is not None and overall.get("gpu_busy_source") == "kineto"
-    if not input_ok and overall.get("cuda") and exact_busy and busy + (data or 0.0) / 100 < BUSY_OK:
-        # The input's stall leaves far more GPU idle time unexplained: fixing the input alone would not end it.
+    stalled = data is not None and data > DATA_WAIT_PCT
+    if stalled and overall.get("cuda") and exact_busy and busy + data / 100 < BUSY_OK:
+        # The input's stall leaves far more GPU idle time unexplained: fixing the input alone would not end it. (Not
+        # after a copy finding alone: serialized copies are idle time of their own.)
         findings.append(
-            f"host-bound too: the GPU is busy {100 * busy:.1f}% of the window, and the data wait explains "
-            f"{data or 0.0:.1f}% of the rest; launch overhead: {remedy}"
+            f"host-bound too: the GPU is busy {100 * busy:.1f}% of the window, and the data wait explains only "
+            f"{data:.1f}% of the step; launch overhead: {remedy}"
         )
     if input_ok and overall.get("cuda"):
         if exact_busy and busy < BUSY_OK:
@@ -389,6 +392,7 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
         if data_text and overall.get("world_size", 1) > 1:
             data_text += f" (rank {overall['data_pct_max_rank']}'s, the most)"
         host_data = overall.get("host_data_pct_max")
+        host_data = None if host_data is None else round(host_data, 1)
         if data is not None and host_data is not None and host_data > DATA_WAIT_PCT:
             # Not a stall of the GPU, but the loader is where a host that stops running ahead would wait first.
             rank = f" on rank {overall['host_data_pct_max_rank']}" if overall.get("world_size", 1) > 1 else ""
@@ -553,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 summaries.append(summarize_trace(load_trace(trace), rank=rank, batch_size=batch))
             except (ValueError, KeyError, OSError, TypeError, AttributeError) as error:
                 # A file that is JSON but not this app's trace (values of the wrong type, no ranges) included.
-                raise SystemExit(f"step_report: {trace}: {error or type(error).__name__}") from error
+                raise SystemExit(f"step_report: {trace}: {type(error).__name__}: {error}") from error
         report = build_report(summaries)
         out = Path(args.out) if args.out else (folder.parent if folder.name == "traces" else folder) / "step_report"
         paths = write_report(report, out, f"window_{report['window'][0]}-{report['window'][1]}.kineto")

@@ -13,6 +13,7 @@ import gzip
 import itertools
 import json
 import re
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,8 @@ def load_trace(path: str | Path) -> dict:
             trace = json.load(handle)
     except EOFError as error:  # a gzipped file cut short
         raise ValueError(f"cut short ({error})") from error
+    except zlib.error as error:  # a gzipped file with a damaged block
+        raise ValueError(f"a damaged gzip file ({error})") from error
     if not isinstance(trace, dict):
         raise ValueError(f"not a Kineto trace: a JSON {type(trace).__name__} where an object with traceEvents is")
     return trace

@@ -77,7 +77,12 @@ def host_syncs(db: sqlite3.Connection) -> dict[int, dict[str, int]]:
 def check(path: str, steps: range, processes: int) -> dict:
     # Read only: a mistyped path is not created as an empty database.
     db = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
-    if "NVTX_EVENTS" not in _tables(db):
+    try:
+        tables = _tables(db)
+    except sqlite3.DatabaseError as error:  # the .nsys-rep itself, or another file
+        error = f"not an SQLite file ({error}): give nsys export --type sqlite's output, not the .nsys-rep"
+        return {"report": path, "ok": False, "error": error}
+    if "NVTX_EVENTS" not in tables:
         error = "no NVTX_EVENTS table: no NVTX ranges (nsys profile -t cuda,nvtx)"
         return {"report": path, "ok": False, "error": error}
     by_pid: dict[int, list[tuple[int, int, str]]] = defaultdict(list)

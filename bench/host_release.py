@@ -1,6 +1,6 @@
 """How long releasing a worker's batch holds the GIL: ``del`` against ``gpu_decode.release_host_buffer``.
 
-A DataLoader worker sends a batch of the GPU decode path (``gpu_decode.encoded_collate``: one buffer in shared
+A DataLoader worker sends a batch of the GPU decode path (``encoded_batch.encoded_collate``: one buffer in shared
 memory) to the main process. There the buffer is released in one of two ways, while a second thread counts how long
 it waits between two of its own iterations: that wait is the time the release held the GIL, which a training thread
 would have spent not launching kernels. Runs on the CPU; prints a Markdown table.

@@ -514,13 +514,19 @@ def check_epoch_room(data: str, gpus: int, batch: int, warmup: int, steps: int) 
         sys.exit(f"--data {data}: {str(error).removeprefix('data.root: ')} (bench/make_jpeg_folder.py writes one)")
     classes = {name: i for i, name in enumerate(class_folders(train))}
     # The app's setup also refuses a validation class folder without an image, even with validation off.
-    in_val = {target for _, target in visible_samples(val, classes, allow_empty=True)}
+    val_samples = visible_samples(val, classes, allow_empty=True)
+    in_val = {target for _, target in val_samples}
     empty = [name for name, target in classes.items() if target not in in_val]
     if empty:
         sys.exit(
             f"--data {data}: {len(empty)} class folder(s) of {val} hold no image (first: {empty[0]}); the app "
             "refuses that at its data setup: give every class a validation image (bench/make_jpeg_folder.py "
             "--val-per-class)"
+        )
+    if len(val_samples) < gpus:  # every rank validates a shard of at least one image
+        sys.exit(
+            f"--data {data}: {val} holds {len(val_samples)} image(s), fewer than the {gpus} GPUs (ranks) the app "
+            "shards it over; give more validation images (bench/make_jpeg_folder.py --val-per-class)"
         )
     images = len(visible_samples(train, classes, allow_empty=True))
     batches = images // gpus // batch

@@ -103,6 +103,11 @@ def test_a_wrong_path_or_window_is_said_and_no_file_is_made(checker, tmp_path: P
 def test_a_report_without_nvtx_ranges_fails_with_the_reason(checker, tmp_path: Path) -> None:
     import sqlite3
 
+    rep = tmp_path / "win.nsys-rep"  # the report itself instead of its SQLite export
+    rep.write_bytes(b"NSYS report, not SQLite" * 100)
+    result = checker.check(str(rep), range(20, 30), 1)
+    assert result["ok"] is False and "not an SQLite file" in result["error"] and "not the .nsys-rep" in result["error"]
+
     bare = tmp_path / "bare.sqlite"
     sqlite3.connect(bare).execute("CREATE TABLE StringIds (id INT, value TEXT)").connection.commit()
     result = checker.check(str(bare), range(20, 30), 1)

@@ -130,11 +130,15 @@ def test_an_input_stall_that_leaves_most_of_the_idle_gpu_unexplained_is_host_bou
     findings = build_report([starved])["findings"]
     assert findings[0].startswith("input-bound: data wait is 6.0% of the step")
     assert findings[1].startswith(
-        "host-bound too: the GPU is busy 11.4% of the window, and the data wait explains 6.0%"
+        "host-bound too: the GPU is busy 11.4% of the window, and the data wait explains only 6.0% of the step"
     )
     # Busy as far as the data wait explains: the input alone.
     explained = rank_summary(data=6.0, busy=0.87) | {"gpu_busy_source": "kineto"}
     assert [f.split(":")[0] for f in build_report([explained])["findings"]] == ["input-bound"]
+    # Serialized copies without a data stall: idle time of their own, not launch overhead.
+    serialized = trace_summary.copy_stats(40, 8, 4, 0, 4, "kineto")
+    copies_only = rank_summary(busy=0.5, copies=serialized) | {"gpu_busy_source": "kineto"}
+    assert [f.split(":")[0] for f in build_report([copies_only])["findings"]] == ["copies serialize with compute"]
 
 
 def test_the_verdict_judges_its_figures_as_it_prints_them():
@@ -142,6 +146,11 @@ def test_the_verdict_judges_its_figures_as_it_prints_them():
     assert build_report([rank_summary(data=5.06)])["findings"][0].startswith("input-bound: data wait is 5.1%")
     almost = rank_summary(busy=0.8996) | {"gpu_busy_source": "kineto"}
     assert build_report([almost])["findings"] == []  # printed "90.0%": not below 90%
+    nearly = {"hidden": 0.8996, "overlap": 0.8996}
+    copies = trace_summary.copy_stats(40, 36, 4, 0, 4, "kineto", waited_ms=0.5) | nearly
+    findings, line = verdict({"cuda": True, "copies": copies,
+                              "data_pct_max": 0.0, "input": "prefetcher", "gpu_busy": 0.95})  # fmt: skip
+    assert findings == [] and "90.0% overlapped" in line
     # From a trace alone, a run without input copies of 64 KiB or more (tiny JPEGs for the GPU decoder) is not said
     # to have its data on the device.
     findings, line = verdict({"cuda": True, "copies": None, "data_pct_max": 0.0, "input": "trace"})
@@ -777,6 +786,7 @@ def test_a_trace_given_twice_counts_once_and_a_copy_of_it_is_refused(tmp_path, c
     [
         ("rank0_steps1-2.pt.trace.json", "[]", "not a Kineto trace: a JSON list"),
         ("rank0_steps1-2.pt.trace.json.gz", None, "cut short"),
+        ("rank0_steps1-2.pt.trace.json.gz", b"damaged", "a damaged gzip file"),
         ("rank0_steps1-2.pt.trace.json", '{"traceEvents": [{"ph": "X", "name": "step 1", "cat": "user_annotation", '
          '"ts": "0", "dur": 5}]}', "rank0_steps1-2.pt.trace.json: "),
         ("window_1-2.json", '{"foo": 1}', "window_1-2.json: not a step report (KeyError"),
@@ -785,8 +795,11 @@ def test_a_trace_given_twice_counts_once_and_a_copy_of_it_is_refused(tmp_path, c
 )  # fmt: skip
 def test_a_file_that_is_not_a_trace_or_a_report_is_named_in_one_line(tmp_path, name, content, said):
     path = tmp_path / name
+    packed = gzip.compress(json.dumps(handmade_trace()).encode())
     if content is None:  # a gzipped trace cut short
-        path.write_bytes(gzip.compress(json.dumps(handmade_trace()).encode())[:200])
+        path.write_bytes(packed[:200])
+    elif isinstance(content, bytes):  # a damaged block
+        path.write_bytes(packed[:10] + b"\xff" * 8 + packed[18:])
     else:
         path.write_text(content)
     with pytest.raises(SystemExit) as stopped:

@@ -234,6 +234,10 @@ def test_a_folder_the_apps_data_setup_would_refuse_is_refused_before_any_run(thr
     calls = stub_children(monkeypatch)
     with pytest.raises(SystemExit, match=r"1 class folder\(s\) of .*val hold no image \(first: c1\).*--val-per-class"):
         throughput.main(["--variants", "raw,app_folder", "--data", str(tmp_path), "--batch", "4", "--steps", "2"])
+    (tmp_path / "val" / "c1" / "0.JPEG").touch()
+    # Three validation images: the app gives each of four ranks a shard of at least one.
+    with pytest.raises(SystemExit, match=r"val holds 3 image\(s\), fewer than the 4 GPUs"):
+        throughput.check_epoch_room(str(tmp_path), gpus=4, batch=1, warmup=1, steps=1)
     (tmp_path / "val" / "c2").rename(tmp_path / "val" / "c9")
     with pytest.raises(SystemExit, match=r"val .*have different classes|class"):
         throughput.check_epoch_room(str(tmp_path), gpus=1, batch=4, warmup=2, steps=2)
