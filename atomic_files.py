@@ -53,7 +53,7 @@ def fsync_dir(folder: str | os.PathLike) -> None:
 STALE_AFTER_S = 600.0
 
 
-def _longest_name(folder: Path) -> int:
+def longest_name(folder: Path) -> int:
     """The longest file name ``folder``'s filesystem takes, in bytes."""
     try:
         return os.pathconf(folder, "PC_NAME_MAX")
@@ -65,7 +65,7 @@ def _temporary_name(name: str, folder: Path) -> str:
     """``.<name>.<pid>.<random>.tmp``, with ``<name>`` shortened as far as needed to fit the folder's longest file
     name: a target name that a plain save accepts must not fail here for the 22 or so characters this adds."""
     suffix = f".{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    room = _longest_name(folder) - len(f".{suffix}")  # ASCII: as many bytes as characters
+    room = longest_name(folder) - len(f".{suffix}")  # ASCII: as many bytes as characters
     encoded = os.fsencode(name)  # the limit counts bytes
     if len(encoded) > room:
         name = encoded[:room].decode(sys.getfilesystemencoding(), "ignore")  # a character cut in two is left out
@@ -110,7 +110,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> N
 def remove_stale_temporaries(target: Path) -> list[Path]:
     """Removes the temporary files of earlier saves of ``target`` that a kill left behind (their process gone, not
     written for :data:`STALE_AFTER_S`); returns them."""
-    longest = _longest_name(target.parent)
+    longest = longest_name(target.parent)
     removed = []
     now = time.time()
     for candidate in target.parent.glob(".*.*.*.tmp"):

@@ -21,24 +21,29 @@ gray). Everything else is decoded as the training loader decodes it (``image_loa
 orientation, 8-bit RGB, alpha composited on white, 16-bit scaled; a JPEG of at least twice the short side at a
 power-of-two reduction that keeps it, which is faster), resized (bicubic) and stored as a JPEG of ``--quality``
 under its own name, so that class folders, file names and labels stay the same and nvJPEG (``data.decode: gpu``) can
-decode every file. A file that does not decode is copied unchanged and listed: the loader's bad-image policy
-(``data.on_bad_image``) decides at training time, as it would on the source.
+decode every file. A file that does not decode is copied unchanged and listed (one whose bytes cannot be read
+either, such as a dangling link, becomes an empty file of the same name): the loader's bad-image policy
+(``data.on_bad_image``) decides at training time, as it would on the source. Every class folder is made in the copy,
+also one without images, so that its classes and labels are the source's.
 
 Each file is written to a temporary name and renamed, so a copy never holds half a file (after a killed run; a power
 loss is not covered: nothing is fsynced); an interrupted run resumes where it stopped (files already there are kept).
-The options are recorded in ``resize_dataset.json`` in the destination, with ``complete`` true once every file is
+The options and the source folder are recorded in ``resize_dataset.json`` in the destination, with ``complete`` true once every file is
 there; until then the data module refuses to train on the copy. A run with other options, a destination that holds
 files this tool did not write, or a second run into the same destination at the same time is refused before any file
-is written.
+is written. The pool's workers die with the run (a SIGKILL or a time limit included), so that none keeps the
+destination's lock.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import fcntl
 import json
 import os
 import shutil
+import signal
 import struct
 import sys
 import time
@@ -50,7 +55,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from atomic_files import atomic_write
+from atomic_files import atomic_write, longest_name
 from image_folder import RESIZE_MANIFEST, class_folders, read_resize_manifest, visible_samples
 from image_loading import MAX_PIXELS, BadImageError, load_rgb
 
@@ -87,13 +92,22 @@ def resize_one(source: Path, target: Path, short_side: int, quality: int) -> str
     if target.exists():
         return "kept"
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    partial = target.with_name(_partial_name(target))
     try:
         outcome = _write(source, partial, short_side, quality)
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
     return outcome
+
+
+def _partial_name(target: Path) -> str:
+    """``.<name>.<pid>.partial``, ``<name>`` shortened (by bytes, a character cut in two left out) where the whole
+    would exceed the folder's longest file name: a name the source holds must fit here too."""
+    suffix = f".{os.getpid()}.partial"
+    room = longest_name(target.parent) - len(f".{suffix}")
+    name = os.fsencode(target.name)[:room].decode(sys.getfilesystemencoding(), "ignore")
+    return f".{name}{suffix}"
 
 
 def _write(source: Path, partial: Path, short_side: int, quality: int) -> str:
@@ -110,7 +124,12 @@ def _write(source: Path, partial: Path, short_side: int, quality: int) -> str:
         image = load_rgb(str(source), draft_min_side=short_side)
     except (BadImageError, OSError, ValueError, SyntaxError, TypeError, IndexError, EOFError, struct.error,
             zlib.error, Image.DecompressionBombError):  # fmt: skip
-        shutil.copyfile(source, partial)
+        try:
+            shutil.copyfile(source, partial)
+        except OSError:
+            # Not even its bytes can be read (a dangling link, no permission): an empty file of the same name keeps
+            # the copy's samples and labels those of the source, and the loader says "empty" of it at training time.
+            partial.write_bytes(b"")
         return "unreadable"
     width, height = image.size
     outcome = "re-encoded"
@@ -125,6 +144,17 @@ def _write(source: Path, partial: Path, short_side: int, quality: int) -> str:
         return "too wide for JPEG"
     image.save(partial, "JPEG", quality=quality)
     return outcome
+
+
+def _worker_start(parent: int) -> None:
+    """In each pool worker: die with the run. Killed (SIGTERM, SIGKILL, a time limit), the run cannot stop its workers,
+    which would wait for work forever, holding the destination's lock that they inherited, and every resume would be
+    refused as "another run is writing"."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1  # noqa: N806 - prctl's name
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the run died before the line above took effect
+        os._exit(1)
 
 
 def _resize_chunk(args: tuple[str, str, list[str], int, int]) -> list[tuple[str, str]]:
@@ -146,6 +176,9 @@ def check_paths(src: Path, dst: Path, options: dict) -> dict | None:
         raise SystemExit(f"resize_dataset: destination {dst} and source {src} must not contain each other")
     if dst.exists() and not dst.is_dir():
         raise SystemExit(f"resize_dataset: destination {dst} is a file; give a folder (new, or an earlier copy)")
+    above = next((p for p in dst.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise SystemExit(f"resize_dataset: {above} is a file, so the destination {dst} cannot be made in it")
     manifest = dst / MANIFEST
     if manifest.is_file():
         try:
@@ -153,14 +186,17 @@ def check_paths(src: Path, dst: Path, options: dict) -> dict | None:
         except ValueError as error:
             # Written atomically by this tool, so it was not left so by an interrupted run.
             raise SystemExit(f"resize_dataset: {error}: use another destination, or remove {dst}") from None
-        earlier = {k: written.get(k) for k in options}
+        # A manifest of an earlier version of this tool records no source: taken as this one.
+        earlier = {k: written.get(k, options[k] if k == "source" else None) for k in options}
         if earlier != options:
             raise SystemExit(
                 f"resize_dataset: {dst} was written with {earlier}, not {options}: use another destination, or "
                 "the same options to resume"
             )
         return written
-    if dst.is_dir() and any(entry.name != LOCK for entry in os.scandir(dst)):
+    # The lock, and the temporary file of a manifest write that a kill cut short, are this tool's.
+    ours = (LOCK, f".{MANIFEST}.")
+    if dst.is_dir() and any(not entry.name.startswith(ours) for entry in os.scandir(dst)):
         raise SystemExit(
             f"resize_dataset: {dst} holds files but no {MANIFEST}, so this tool did not write them: use a new or "
             "empty folder"
@@ -175,7 +211,7 @@ def _write_manifest(dst: Path, manifest: dict) -> None:
 
 def resize_folder(src: Path, dst: Path, short_side: int, quality: int, workers: int, chunk: int = 64) -> Counter:
     """Writes the pre-resized copy of ``src`` into ``dst``; returns how many files had each outcome."""
-    options = {"short_side": short_side, "quality": quality}
+    options = {"short_side": short_side, "quality": quality, "source": str(src.resolve())}
     written = check_paths(src, dst, options)
     dst.mkdir(parents=True, exist_ok=True)
     with open(dst / LOCK, "a") as lock:
@@ -191,6 +227,12 @@ def resize_folder(src: Path, dst: Path, short_side: int, quality: int, workers: 
                 if file.startswith(".") and file.endswith(".partial"):
                     (Path(directory) / file).unlink(missing_ok=True)
         _write_manifest(dst, {**options, "complete": False})
+        for split in SPLITS:
+            # Every class folder, also one without images: the copy must have the source's classes and labels (the
+            # app refuses an empty class folder in either).
+            if (src / split).is_dir():
+                for name in class_folders(src / split):
+                    (dst / split / name).mkdir(parents=True, exist_ok=True)
         counts = _resize_all(src, dst, short_side, quality, workers, chunk)
         _write_manifest(dst, {**options, "complete": True})
     return counts
@@ -204,7 +246,7 @@ def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: in
     too_wide: list[str] = []
     start, done = time.perf_counter(), 0
     if workers > 1:
-        pool = ProcessPoolExecutor(workers)
+        pool = ProcessPoolExecutor(workers, initializer=_worker_start, initargs=(os.getpid(),))
         results = pool.map(_resize_chunk, chunks)
     else:
         pool, results = None, map(_resize_chunk, chunks)
@@ -253,8 +295,14 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     a = parse(argv)
+    # SIGTERM (a scheduler's kill, `timeout`) as an exception: the pool's workers are stopped and the lock released on
+    # the way out, as on Ctrl-C.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     start = time.perf_counter()
-    counts = resize_folder(a.src, a.dst, a.short_side, a.quality, a.workers)
+    try:
+        counts = resize_folder(a.src, a.dst, a.short_side, a.quality, a.workers)
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # a caller in this process (a test) keeps its own
     total = sum(counts.values())
     summary = ", ".join(
         f"{counts[k]} {k}"

@@ -155,10 +155,15 @@ def test_a_destination_written_with_other_options_or_by_something_else_is_refuse
     src, dst = source_folder(tmp_path / "src"), tmp_path / "dst"
     resize_dataset.main([str(src), str(dst), "--short-side", "256", "--workers", "1"])
     assert json.loads((dst / resize_dataset.MANIFEST).read_text()) == {"short_side": 256, "quality": 90,
+                                                                       "source": str(src.resolve()),
                                                                        "complete": True}  # fmt: skip
     before = {p: p.stat().st_mtime_ns for p in dst.rglob("*")}
-    with pytest.raises(SystemExit, match=r"was written with \{'short_side': 256, 'quality': 90\}, not \{'short_side'"):
+    with pytest.raises(SystemExit, match=r"was written with \{'short_side': 256, 'quality': 90, 'source': .*\}, not "):
         resize_dataset.main([str(src), str(dst), "--short-side", "320", "--workers", "1"])
+    # Resumed from another source, the copy would hold two datasets' files, marked complete.
+    another = source_folder(tmp_path / "another")
+    with pytest.raises(SystemExit, match=f"'source': '{re.escape(str(another.resolve()))}'"):
+        resize_dataset.main([str(another), str(dst), "--short-side", "256", "--workers", "1"])
     assert {p: p.stat().st_mtime_ns for p in dst.rglob("*")} == before
     # A folder with files but no manifest: not a copy this tool wrote, whatever its files' sizes.
     other = tmp_path / "other"
@@ -220,6 +225,69 @@ def test_a_copy_killed_midway_resumes_and_says_so(tmp_path: Path, monkeypatch, c
     assert counts["kept"] == 3 and sum(counts.values()) == 9
     assert json.loads((dst / resize_dataset.MANIFEST).read_text())["complete"] is True
     assert check_layout(dst) == check_layout(src) == ["a", "b"]
+
+
+def test_a_run_killed_with_sigkill_leaves_no_worker_holding_the_lock(tmp_path: Path) -> None:
+    """The pool's workers inherited the lock and outlived a killed run, waiting for work forever: every resume was
+    refused as "another run is writing". They now die with the run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    for i in range(240):
+        _jpeg(src / "train" / f"c{i % 2}" / f"{i}.JPEG", _noise(600, 500))
+    run = subprocess.Popen(
+        [sys.executable, str(Path(resize_dataset.__file__)), str(src), str(dst), "--workers", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not any((dst / "train").rglob("*.JPEG")) if (dst / "train").is_dir() else True:
+        assert run.poll() is None and time.monotonic() < deadline, "the run never started writing"
+        time.sleep(0.05)
+    run.send_signal(signal.SIGKILL)
+    run.wait(30)
+    deadline = time.monotonic() + 30
+    with open(dst / resize_dataset.LOCK, "a") as lock:
+        while True:  # the workers are gone once the lock is free
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "a worker of the killed run still holds the lock"
+                time.sleep(0.1)
+    counts = resize_dataset.resize_folder(src, dst, 256, 90, workers=1)
+    assert sum(counts.values()) == 240 and counts["kept"] >= 1
+
+
+def test_a_file_that_cannot_be_read_and_a_class_without_images_keep_the_sources_layout(tmp_path: Path, capsys) -> None:
+    """A dangling link crashed the tool (its bytes could not be copied either), so the copy never completed; a class
+    folder without images was left out of the copy, which then had other classes and labels than the source."""
+    src, dst = source_folder(tmp_path / "src"), tmp_path / "dst"
+    (src / "train" / "b" / "gone.JPEG").symlink_to(tmp_path / "nowhere.JPEG")
+    (src / "train" / "c").mkdir()
+    (src / "val" / "c").mkdir()
+    (src / "train" / "c" / "notes.txt").write_text("no image here")
+    resize_dataset.main([str(src), str(dst), "--workers", "1"])
+    assert (dst / "train" / "b" / "gone.JPEG").read_bytes() == b""
+    assert "train/b/gone.JPEG" in capsys.readouterr().out  # listed as unreadable
+    assert sorted(p.name for p in (dst / "train").iterdir()) == ["a", "b", "c"]
+    with pytest.raises(FileNotFoundError, match="classes c"):  # refused as the source is: a class without images
+        ImageNetDataModule(root=str(dst), workers=0, batch_size=2).setup("fit")
+
+
+def test_a_name_as_long_as_the_source_holds_and_a_manifest_write_cut_short(tmp_path: Path) -> None:
+    src, dst = source_folder(tmp_path / "src"), tmp_path / "dst"
+    long = src / "train" / "a" / ("x" * 245 + ".JPEG")  # its temporary name would pass the 255-byte limit
+    _jpeg(long, _noise(400, 300))
+    dst.mkdir()
+    (dst / f".{resize_dataset.MANIFEST}.4242.0badc0de.tmp").write_text("{")  # a first manifest write, killed
+    resize_dataset.main([str(src), str(dst), "--workers", "1"])
+    assert Image.open(dst / "train" / "a" / long.name).size == (341, 256)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match=r"file is a file, so the destination .*file/copy cannot be made in it"):
+        resize_dataset.main([str(src), str(tmp_path / "file" / "copy"), "--workers", "1"])
 
 
 def test_the_pixel_limit_is_the_training_loaders_from_the_first_file_on() -> None:
