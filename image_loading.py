@@ -416,7 +416,9 @@ class BadImagePolicy(Dataset):
                 continue
             if bad and self.evaluation:
                 target = IGNORED_TARGET
-            return image, target, tuple(bad)
+            # Its own file only (the first tried): a bad neighbour is counted, and warned about, when its own index is
+            # drawn, in this epoch on some rank; counted here too, a run of k bad files counted k(k+1)/2.
+            return image, target, tuple(bad[:1])
         listed = "; ".join(f"{path}: {reason}" for path, reason in bad)
         raise BadImageError(
             f"{len(bad)} bad images in a row from index {index} on ({listed}); with data.on_bad_image: skip at most "

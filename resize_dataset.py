@@ -27,12 +27,12 @@ either, such as a dangling link, becomes an empty file of the same name): the lo
 also one without images, so that its classes and labels are the source's.
 
 Each file is written to a temporary name and renamed, so a copy never holds half a file (after a killed run; a power
-loss is not covered: nothing is fsynced); an interrupted run resumes where it stopped (files already there are kept).
-The options and the source folder are recorded in ``resize_dataset.json`` in the destination, with ``complete`` true
-once every file is there; until then the data module refuses to train on the copy. A run with other options, a destination that holds
-files this tool did not write, or a second run into the same destination at the same time is refused before any file
-is written. The pool's workers die with the run (a SIGKILL or a time limit included), so that none keeps the
-destination's lock.
+loss is not covered: the files are not fsynced); an interrupted run resumes where it stopped (files already there are
+kept). The options and the source folder are recorded in ``resize_dataset.json`` in the destination, with ``complete``
+true once every file is there; until then the data module refuses to train on the copy. A run with other options, a
+destination that holds files this tool did not write, or a second run into the same destination at the same time is
+refused before any file is written. The pool's workers die with the run (a SIGKILL or a time limit included), so that
+none keeps the destination's lock.
 """
 
 from __future__ import annotations

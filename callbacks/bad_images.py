@@ -1,4 +1,5 @@
-"""Logs how many bad images ``data.on_bad_image: skip`` replaced per epoch: ``train_bad_images``, ``val_bad_images``.
+"""Logs how many bad images ``data.on_bad_image: skip`` replaced per epoch: ``train_bad_images``, ``val_bad_images``,
+``test_bad_images``.
 
 The counts are kept by :class:`image_loading.BadImageCounter` in the main process of each rank (host-side integers,
 no device work). Here they are logged once per epoch with ``reduce_fx="sum"`` and ``sync_dist=True``: one reduction
@@ -33,7 +34,7 @@ def _sum(counters: Iterable[BadImageCounter]) -> float:
 
 
 class BadImageCount(Callback):
-    """Logs the number of bad images replaced per training epoch and per validation run, summed over ranks."""
+    """Logs the number of bad images replaced per training epoch and per validation or test run, summed over ranks."""
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -55,4 +56,12 @@ class BadImageCount(Callback):
         if counters:
             pl_module.log(
                 "val_bad_images", _sum(counters), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True
+            )
+
+    @override
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        counters = _counters(trainer.test_dataloaders)
+        if counters:
+            pl_module.log(
+                "test_bad_images", _sum(counters), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True
             )

@@ -474,6 +474,20 @@ def test_counts_per_epoch_with_two_workers_and_warns_once_per_file(folder_with_b
     assert all(any(path in message for message in reported) for path in bad)
 
 
+def test_bad_files_in_a_row_count_once_each(folder_with_bad: tuple[Path, list[str]]) -> None:
+    """Each sample also reported the bad neighbours it skipped, which counted again when their own index came: three
+    in a row counted 3 + 2 + 1."""
+    root, bad = folder_with_bad
+    for i in (4, 5):  # with 3: three bad files in a row
+        (root / "only" / f"img_{i:02d}.JPEG").write_bytes(b"")
+    counter = skip_loader(root, workers=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert sum(len(targets) for _, targets in counter) == 12
+    assert counter.epoch_count == 5 and len(counter.bad_files) == 5  # 3, 4, 5, 7 and 11
+    assert len([w for w in caught if issubclass(w.category, BadImageWarning)]) == 5
+
+
 def test_error_in_a_worker_reaches_the_main_process_naming_the_file(
     folder_with_bad: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -522,6 +536,9 @@ class _Flat(pl.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self.training_step(batch, batch_idx)
 
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self.training_step(batch, batch_idx)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
@@ -548,6 +565,8 @@ def test_bad_image_count_logs_per_epoch(folder_with_bad: tuple[Path, list[str]],
         rows = list(csv.DictReader(f))
     for key in ("train_bad_images", "val_bad_images"):
         assert [float(row[key]) for row in rows if row.get(key)] == [3.0, 3.0], key  # one value per epoch
+    trainer.test(_Flat(), skip_loader(root, workers=0, batch_size=6), verbose=False)  # counted there too
+    assert trainer.callback_metrics["test_bad_images"].item() == 3
 
 
 class _FreezeCount(torch.utils.data.Dataset):
