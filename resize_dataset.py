@@ -68,6 +68,8 @@ MANIFEST = RESIZE_MANIFEST
 #: The longest side libjpeg writes (PIL refuses to save a JPEG with a longer one).
 JPEG_MAX_SIDE = 65500
 LOCK = ".resize_dataset.lock"
+#: The outcome of a file whose bytes could not be read at all: written as an empty file of its name.
+EMPTIED = "written empty (unreadable bytes)"
 SPLITS = ("train", "val")
 #: PIL orientation tag; anything but 1 (or none) means the stored pixels are not upright.
 _ORIENTATION = 0x0112
@@ -88,7 +90,8 @@ def image_files(root: Path, splits: Sequence[str] = SPLITS) -> Iterator[Path]:
 def resize_one(source: Path, target: Path, short_side: int, quality: int) -> str:
     """Writes ``source``'s image with its short side at most ``short_side`` to ``target`` (atomically) and says what
     it did: ``kept`` (already there), ``copied`` (byte for byte), ``resized``, ``re-encoded``, ``unreadable`` (copied
-    byte for byte) or ``too wide for JPEG`` (a side over 65,500 pixels after the resize: copied byte for byte)."""
+    byte for byte), :data:`EMPTIED` (not even its bytes could be read) or ``too wide for JPEG`` (a side over 65,500
+    pixels after the resize: copied byte for byte)."""
     if target.exists():
         return "kept"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -125,11 +128,14 @@ def _write(source: Path, partial: Path, short_side: int, quality: int) -> str:
     except (BadImageError, OSError, ValueError, SyntaxError, TypeError, IndexError, EOFError, struct.error,
             zlib.error, Image.DecompressionBombError):  # fmt: skip
         try:
-            shutil.copyfile(source, partial)
+            data = source.read_bytes()
         except OSError:
             # Not even its bytes can be read (a dangling link, no permission): an empty file of the same name keeps
             # the copy's samples and labels those of the source, and the loader says "empty" of it at training time.
+            # (Only the source's read: an error writing the copy, a full disk, stops the run.)
             partial.write_bytes(b"")
+            return EMPTIED
+        partial.write_bytes(data)
         return "unreadable"
     width, height = image.size
     outcome = "re-encoded"
@@ -146,14 +152,16 @@ def _write(source: Path, partial: Path, short_side: int, quality: int) -> str:
     return outcome
 
 
-def _worker_start(parent: int) -> None:
+def _worker_start() -> None:
     """In each pool worker: die with the run. Killed (SIGTERM, SIGKILL, a time limit), the run cannot stop its workers,
     which would wait for work forever, holding the destination's lock that they inherited, and every resume would be
-    refused as "another run is writing"."""
+    refused as "another run is writing". The parent is the run, or a forkserver (its start method): whichever it is,
+    its death ends the worker."""
+    parent = os.getppid()
     if sys.platform.startswith("linux"):
         PR_SET_PDEATHSIG = 1  # noqa: N806 - prctl's name
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the run died before the line above took effect
+    if os.getppid() != parent:  # the parent died before the line above took effect
         os._exit(1)
 
 
@@ -188,6 +196,12 @@ def check_paths(src: Path, dst: Path, options: dict) -> dict | None:
             raise SystemExit(f"resize_dataset: {error}: use another destination, or remove {dst}") from None
         # A manifest of an earlier version of this tool records no source: taken as this one.
         earlier = {k: written.get(k, options[k] if k == "source" else None) for k in options}
+        if earlier["source"] != options["source"] and {**earlier, "source": None} == {**options, "source": None}:
+            raise SystemExit(
+                f"resize_dataset: {dst} is a copy of {earlier['source']}, not of {options['source']}: use another "
+                f'destination; if the same dataset moved there, set "source" in {manifest} to the new path to '
+                "resume"
+            )
         if earlier != options:
             raise SystemExit(
                 f"resize_dataset: {dst} was written with {earlier}, not {options}: use another destination, or "
@@ -244,13 +258,15 @@ def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: in
     counts: Counter = Counter()
     unreadable: list[str] = []
     too_wide: list[str] = []
+    emptied: list[str] = []
     start, done = time.perf_counter(), 0
-    if workers > 1:
-        pool = ProcessPoolExecutor(workers, initializer=_worker_start, initargs=(os.getpid(),))
-        results = pool.map(_resize_chunk, chunks)
-    else:
-        pool, results = None, map(_resize_chunk, chunks)
-    try:
+    pool = None
+    try:  # the pool made inside: a SIGTERM while it starts still cancels the queued chunks on the way out
+        if workers > 1:
+            pool = ProcessPoolExecutor(workers, initializer=_worker_start)
+            results = pool.map(_resize_chunk, chunks)
+        else:
+            results = map(_resize_chunk, chunks)
         for result in results:
             for name, outcome in result:
                 counts[outcome] += 1
@@ -258,6 +274,8 @@ def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: in
                     unreadable.append(name)
                 elif outcome == "too wide for JPEG":
                     too_wide.append(name)
+                elif outcome == EMPTIED:
+                    emptied.append(name)
             done += len(result)
             if done % (chunk * 50) < len(result) or done == len(names):
                 rate = done / max(time.perf_counter() - start, 1e-9)
@@ -272,6 +290,13 @@ def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: in
         if names:
             listed = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
             print(f"resize_dataset: {len(names)} file(s) {what} were copied unchanged: {listed}")
+    if emptied:
+        listed = ", ".join(emptied[:10]) + (f" and {len(emptied) - 10} more" if len(emptied) > 10 else "")
+        print(
+            f"resize_dataset: {len(emptied)} file(s) whose bytes could not be read (a dangling link, no permission) "
+            f"were written as empty files, which the loader reports as bad images: {listed}; once they are readable, "
+            f"delete them from {dst} and run again to copy them"
+        )
     return counts
 
 
@@ -306,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     total = sum(counts.values())
     summary = ", ".join(
         f"{counts[k]} {k}"
-        for k in ("resized", "re-encoded", "copied", "kept", "unreadable", "too wide for JPEG")
+        for k in ("resized", "re-encoded", "copied", "kept", "unreadable", "too wide for JPEG", EMPTIED)
         if counts[k]
     )
     print(f"resize_dataset: {total} files in {time.perf_counter() - start:.1f} s ({summary or 'none'}) -> {a.dst}")

@@ -321,7 +321,8 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
     # what the GPU waited for). A report without the wait (older JSON) judges the overlap alone.
     hidden = copies.get("hidden", overlapped) if copies else None
     hidden = None if hidden is None else round(hidden, 3)  # as printed: 0.8996 is "90.0%", not below 90%
-    if hidden is not None and hidden < OVERLAP_OK and not (data is not None and data > DATA_WAIT_PCT):
+    serialized = hidden is not None and hidden < OVERLAP_OK and not (data is not None and data > DATA_WAIT_PCT)
+    if serialized:
         waited = copies.get("waited_ms")
         if overall.get("input") == "prefetcher":
             # The app's own prefetcher issues them so already: what can still serialize them is the step's doing.
@@ -355,13 +356,12 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             f"or data.decode cpu on a resize_dataset.py copy; else {remedy}"
         )
     exact_busy = busy is not None and overall.get("gpu_busy_source") == "kineto"
-    stalled = data is not None and data > DATA_WAIT_PCT
-    if stalled and overall.get("cuda") and exact_busy and busy + data / 100 < BUSY_OK:
-        # The input's stall leaves far more GPU idle time unexplained: fixing the input alone would not end it. (Not
-        # after a copy finding alone: serialized copies are idle time of their own.)
+    if not input_ok and not serialized and overall.get("cuda") and exact_busy and busy + (data or 0.0) / 100 < BUSY_OK:
+        # An input stall or pageable copies that leave far more GPU idle time unexplained: fixing them alone would not
+        # end it. (Not after serialized copies: those are idle time of their own.)
         findings.append(
             f"host-bound too: the GPU is busy {100 * busy:.1f}% of the window, and the data wait explains only "
-            f"{data:.1f}% of the step; launch overhead: {remedy}"
+            f"{data or 0.0:.1f}% of the step; launch overhead: {remedy}"
         )
     if input_ok and overall.get("cuda"):
         if exact_busy and busy < BUSY_OK:
@@ -424,7 +424,7 @@ def verdict(overall: dict, slow: Sequence[dict] = ()) -> tuple[list[str], str]:
             else:
                 kind = f"pinned {copies['pinned']} of {copies['count']}"
             share = f"{100 * overlapped:.1f}% overlapped"
-            if overlapped < OVERLAP_OK:  # hidden all the same: the rest ran while the GPU waited for the host
+            if round(overlapped, 3) < OVERLAP_OK:  # hidden all the same: the rest ran while the GPU waited for the host
                 share += f", compute waited {copies['waited_ms']:.2f} ms for input"
             head = f"prefetch hidden: {share}, {kind}, {data_text}"
             if data is not None and data >= ZERO_DATA_PCT:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import re
 import runpy
 import subprocess
@@ -162,7 +163,8 @@ def test_a_destination_written_with_other_options_or_by_something_else_is_refuse
         resize_dataset.main([str(src), str(dst), "--short-side", "320", "--workers", "1"])
     # Resumed from another source, the copy would hold two datasets' files, marked complete.
     another = source_folder(tmp_path / "another")
-    with pytest.raises(SystemExit, match=f"'source': '{re.escape(str(another.resolve()))}'"):
+    said = f"{dst} is a copy of {src.resolve()}, not of {another.resolve()}: use another destination; if the same "
+    with pytest.raises(SystemExit, match=re.escape(said) + r'.*set "source" in .*resize_dataset.json to the new path'):
         resize_dataset.main([str(another), str(dst), "--short-side", "256", "--workers", "1"])
     assert {p: p.stat().st_mtime_ns for p in dst.rglob("*")} == before
     # A folder with files but no manifest: not a copy this tool wrote, whatever its files' sizes.
@@ -271,10 +273,57 @@ def test_a_file_that_cannot_be_read_and_a_class_without_images_keep_the_sources_
     (src / "train" / "c" / "notes.txt").write_text("no image here")
     resize_dataset.main([str(src), str(dst), "--workers", "1"])
     assert (dst / "train" / "b" / "gone.JPEG").read_bytes() == b""
-    assert "train/b/gone.JPEG" in capsys.readouterr().out  # listed as unreadable
+    out = capsys.readouterr().out
+    assert "1 file(s) whose bytes could not be read (a dangling link, no permission) were written as empty" in out
+    assert "train/b/gone.JPEG; once they are readable, delete them from" in out
+    assert "1 written empty (unreadable bytes)" in out
     assert sorted(p.name for p in (dst / "train").iterdir()) == ["a", "b", "c"]
     with pytest.raises(FileNotFoundError, match="classes c"):  # refused as the source is: a class without images
         ImageNetDataModule(root=str(dst), workers=0, batch_size=2).setup("fit")
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_the_pool_runs_under_every_start_method(tmp_path: Path, method: str) -> None:
+    """The workers' start compared their parent with the run's pid: under forkserver (Python 3.14's default on Linux)
+    the parent is the forkserver, and every worker exited at once."""
+    import subprocess
+    import sys
+
+    src, dst = source_folder(tmp_path / "src"), tmp_path / "dst"
+    code = (
+        "import multiprocessing, sys\n"
+        "if __name__ == '__main__':\n"
+        f"    multiprocessing.set_start_method({method!r})\n"
+        "    import resize_dataset\n"
+        "    resize_dataset.main(sys.argv[1:])\n"
+    )
+    script = tmp_path / "run.py"
+    script.write_text(code)
+    root = Path(resize_dataset.__file__).parent
+    done = subprocess.run(
+        [sys.executable, str(script), str(src), str(dst), "--workers", "2"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((dst / resize_dataset.MANIFEST).read_text())["complete"] is True
+
+
+def test_an_error_writing_the_copy_stops_the_run(tmp_path: Path, monkeypatch) -> None:
+    """Only the source's read makes an empty placeholder: a full disk while writing the copy of an unreadable file was
+    taken for an unreadable source, and the run ended "complete" with an empty file."""
+    src, dst = source_folder(tmp_path / "src"), tmp_path / "dst"
+    real = Path.write_bytes
+
+    def full(self: Path, data: bytes) -> int:
+        if self.name.startswith(".broken.JPEG"):
+            raise OSError(28, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with pytest.raises(OSError, match="No space left"):
+        resize_dataset.main([str(src), str(dst), "--workers", "1"])
+    assert json.loads((dst / resize_dataset.MANIFEST).read_text())["complete"] is False
+    assert not (dst / "train" / "b" / "broken.JPEG").exists()
 
 
 def test_a_name_as_long_as_the_source_holds_and_a_manifest_write_cut_short(tmp_path: Path) -> None:

@@ -139,6 +139,10 @@ def test_an_input_stall_that_leaves_most_of_the_idle_gpu_unexplained_is_host_bou
     serialized = trace_summary.copy_stats(40, 8, 4, 0, 4, "kineto")
     copies_only = rank_summary(busy=0.5, copies=serialized) | {"gpu_busy_source": "kineto"}
     assert [f.split(":")[0] for f in build_report([copies_only])["findings"]] == ["copies serialize with compute"]
+    # Pageable copies do not explain an idle GPU: the host-bound finding stays.
+    pageable = rank_summary(busy=0.5, copies=trace_summary.copy_stats(40, 39.84, 0, 4, 4, "kineto"))
+    findings = build_report([pageable | {"gpu_busy_source": "kineto"}])["findings"]
+    assert [f.split(":")[0] for f in findings] == ["copies are pageable (4 of 4)", "host-bound too"]
 
 
 def test_the_verdict_judges_its_figures_as_it_prints_them():
@@ -150,7 +154,7 @@ def test_the_verdict_judges_its_figures_as_it_prints_them():
     copies = trace_summary.copy_stats(40, 36, 4, 0, 4, "kineto", waited_ms=0.5) | nearly
     findings, line = verdict({"cuda": True, "copies": copies,
                               "data_pct_max": 0.0, "input": "prefetcher", "gpu_busy": 0.95})  # fmt: skip
-    assert findings == [] and "90.0% overlapped" in line
+    assert findings == [] and "90.0% overlapped, pinned" in line  # no "compute waited" after a 90.0%
     # From a trace alone, a run without input copies of 64 KiB or more (tiny JPEGs for the GPU decoder) is not said
     # to have its data on the device.
     findings, line = verdict({"cuda": True, "copies": None, "data_pct_max": 0.0, "input": "trace"})
