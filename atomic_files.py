@@ -53,7 +53,7 @@ def fsync_dir(folder: str | os.PathLike) -> None:
 STALE_AFTER_S = 600.0
 
 
-def longest_name(folder: Path) -> int:
+def _longest_name(folder: Path) -> int:
     """The longest file name ``folder``'s filesystem takes, in bytes."""
     try:
         return os.pathconf(folder, "PC_NAME_MAX")
@@ -61,11 +61,11 @@ def longest_name(folder: Path) -> int:
         return 255
 
 
-def _temporary_name(name: str, folder: Path) -> str:
-    """``.<name>.<pid>.<random>.tmp``, with ``<name>`` shortened as far as needed to fit the folder's longest file
-    name: a target name that a plain save accepts must not fail here for the 22 or so characters this adds."""
-    suffix = f".{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    room = longest_name(folder) - len(f".{suffix}")  # ASCII: as many bytes as characters
+def temporary_name(name: str, folder: Path, suffix: str) -> str:
+    """``.<name><suffix>`` in ``folder``, with ``<name>`` shortened as far as needed to fit the folder's longest file
+    name: a target name that a plain write accepts must not fail here for the characters this adds. ``suffix`` is
+    ASCII (a pid, a random part, an extension)."""
+    room = _longest_name(folder) - len(f".{suffix}")  # ASCII: as many bytes as characters
     encoded = os.fsencode(name)  # the limit counts bytes
     if len(encoded) > room:
         name = encoded[:room].decode(sys.getfilesystemencoding(), "ignore")  # a character cut in two is left out
@@ -85,7 +85,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> N
     target = Path(path)
     folder = target.parent
     folder.mkdir(parents=True, exist_ok=True)
-    temp = folder / _temporary_name(target.name, folder)
+    temp = folder / temporary_name(target.name, folder, f".{os.getpid()}.{secrets.token_hex(4)}.tmp")
     # O_EXCL: never write through a name someone else made; 0o666 & umask gives the permissions open() would.
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
@@ -110,7 +110,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> N
 def remove_stale_temporaries(target: Path) -> list[Path]:
     """Removes the temporary files of earlier saves of ``target`` that a kill left behind (their process gone, not
     written for :data:`STALE_AFTER_S`); returns them."""
-    longest = longest_name(target.parent)
+    longest = _longest_name(target.parent)
     removed = []
     now = time.time()
     for candidate in target.parent.glob(".*.*.*.tmp"):

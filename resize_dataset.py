@@ -55,7 +55,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from atomic_files import atomic_write, longest_name
+from atomic_files import atomic_write, temporary_name
 from image_folder import RESIZE_MANIFEST, class_folders, read_resize_manifest, visible_samples
 from image_loading import MAX_PIXELS, BadImageError, load_rgb
 
@@ -95,22 +95,15 @@ def resize_one(source: Path, target: Path, short_side: int, quality: int) -> str
     if target.exists():
         return "kept"
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(_partial_name(target))
+    # Shortened to fit the folder's longest name, as atomic_files' own temporary names: a name the source holds must
+    # fit here too.
+    partial = target.parent / temporary_name(target.name, target.parent, f".{os.getpid()}.partial")
     try:
         outcome = _write(source, partial, short_side, quality)
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
     return outcome
-
-
-def _partial_name(target: Path) -> str:
-    """``.<name>.<pid>.partial``, ``<name>`` shortened (by bytes, a character cut in two left out) where the whole
-    would exceed the folder's longest file name: a name the source holds must fit here too."""
-    suffix = f".{os.getpid()}.partial"
-    room = longest_name(target.parent) - len(f".{suffix}")
-    name = os.fsencode(target.name)[:room].decode(sys.getfilesystemencoding(), "ignore")
-    return f".{name}{suffix}"
 
 
 def _write(source: Path, partial: Path, short_side: int, quality: int) -> str:
