@@ -8,7 +8,6 @@ across ranks per epoch, none per step. Loaders without a counter (``source: synt
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import pytorch_lightning as pl
@@ -29,8 +28,13 @@ def _counters(loaders: Any) -> list[BadImageCounter]:
     return [counter for counter in found if counter is not None]
 
 
-def _sum(counters: Iterable[BadImageCounter]) -> float:
-    return float(sum(counter.epoch_count for counter in counters))
+def _log_count(pl_module: pl.LightningModule, name: str, loaders: Any) -> None:
+    """Logs ``name``: the bad images the counters of ``loaders`` replaced this epoch, summed over ranks (one reduction);
+    nothing for loaders without a counter."""
+    counters = _counters(loaders)
+    if counters:
+        count = float(sum(counter.epoch_count for counter in counters))
+        pl_module.log(name, count, on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True)
 
 
 class BadImageCount(Callback):
@@ -38,30 +42,18 @@ class BadImageCount(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        counters = _counters(trainer.train_dataloader)
-        if counters:
-            # The loader is exhausted by now, so the count is the epoch's. Every rank has a counter (one datamodule
-            # configuration), so every rank takes part in the one reduction. It is lazy: rank 0's progress bar runs it
-            # in its own on_train_epoch_end, the other ranks where Lightning next reads the metrics, so no
-            # on_train_epoch_end hook after this one may run a collective of its own (imagenet_module.py).
-            pl_module.log(
-                "train_bad_images", _sum(counters), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True
-            )
+        # The loader is exhausted by now, so the count is the epoch's. Every rank has a counter (one datamodule
+        # configuration), so every rank takes part in the one reduction. It is lazy: rank 0's progress bar runs it in
+        # its own on_train_epoch_end, the other ranks where Lightning next reads the metrics, so no on_train_epoch_end
+        # hook after this one may run a collective of its own (imagenet_module.py).
+        _log_count(pl_module, "train_bad_images", trainer.train_dataloader)
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        counters = _counters(trainer.val_dataloaders)
-        if counters:
-            pl_module.log(
-                "val_bad_images", _sum(counters), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True
-            )
+        _log_count(pl_module, "val_bad_images", trainer.val_dataloaders)
 
     @override
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        counters = _counters(trainer.test_dataloaders)
-        if counters:
-            pl_module.log(
-                "test_bad_images", _sum(counters), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True
-            )
+        _log_count(pl_module, "test_bad_images", trainer.test_dataloaders)
