@@ -249,9 +249,16 @@ def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: in
     names = [str(p) for p in image_files(src)]
     chunks = [(str(src), str(dst), names[i : i + chunk], short_side, quality) for i in range(0, len(names), chunk)]
     counts: Counter = Counter()
-    unreadable: list[str] = []
-    too_wide: list[str] = []
-    emptied: list[str] = []
+    # The outcomes whose files are listed at the end, and what the files became ({shown}: the first ten; {dst}: the
+    # copy).
+    said = {
+        "unreadable": "PIL could not read were copied unchanged: {shown}",
+        "too wide for JPEG": "with a side over 65,500 pixels (no JPEG holds them) were copied unchanged: {shown}",
+        EMPTIED: "whose bytes could not be read (a dangling link, no permission) were written as empty files, which "
+        "the loader reports as bad images: {shown}; once they are readable, delete them from {dst} and run again to "
+        "copy them",
+    }
+    listed: dict[str, list[str]] = {outcome: [] for outcome in said}
     start, done = time.perf_counter(), 0
     pool = None
     try:  # the pool made inside: a SIGTERM while it starts still cancels the queued chunks on the way out
@@ -263,12 +270,8 @@ def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: in
         for result in results:
             for name, outcome in result:
                 counts[outcome] += 1
-                if outcome == "unreadable":
-                    unreadable.append(name)
-                elif outcome == "too wide for JPEG":
-                    too_wide.append(name)
-                elif outcome == EMPTIED:
-                    emptied.append(name)
+                if outcome in listed:
+                    listed[outcome].append(name)
             done += len(result)
             if done % (chunk * 50) < len(result) or done == len(names):
                 rate = done / max(time.perf_counter() - start, 1e-9)
@@ -276,20 +279,10 @@ def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: in
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    for names, what in (
-        (unreadable, "PIL could not read"),
-        (too_wide, "with a side over 65,500 pixels (no JPEG holds them)"),
-    ):
-        if names:
-            listed = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
-            print(f"resize_dataset: {len(names)} file(s) {what} were copied unchanged: {listed}")
-    if emptied:
-        listed = ", ".join(emptied[:10]) + (f" and {len(emptied) - 10} more" if len(emptied) > 10 else "")
-        print(
-            f"resize_dataset: {len(emptied)} file(s) whose bytes could not be read (a dangling link, no permission) "
-            f"were written as empty files, which the loader reports as bad images: {listed}; once they are readable, "
-            f"delete them from {dst} and run again to copy them"
-        )
+    for outcome, files in listed.items():
+        if files:
+            shown = ", ".join(files[:10]) + (f" and {len(files) - 10} more" if len(files) > 10 else "")
+            print(f"resize_dataset: {len(files)} file(s) " + said[outcome].format(shown=shown, dst=dst))
     return counts
 
 
