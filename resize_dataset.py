@@ -28,11 +28,12 @@ also one without images, so that its classes and labels are the source's.
 
 Each file is written to a temporary name and renamed, so a copy never holds half a file (after a killed run; a power
 loss is not covered: the files are not fsynced); an interrupted run resumes where it stopped (files already there are
-kept). The options and the source folder are recorded in ``resize_dataset.json`` in the destination, with ``complete``
-true once every file is there; until then the data module refuses to train on the copy. A run with other options, a
-destination that holds files this tool did not write, or a second run into the same destination at the same time is
-refused before any file is written. The pool's workers die with the run (a SIGKILL or a time limit included), so that
-none keeps the destination's lock.
+kept), and lists the files an earlier run could not read with its own (``.resize_dataset.outcomes`` in the destination
+records them, each before its file takes its name). The options and the source folder are recorded in
+``resize_dataset.json`` in the destination, with ``complete`` true once every file is there; until then the data
+module refuses to train on the copy. A run with other options, a destination that holds files this tool did not
+write, or a second run into the same destination at the same time is refused before any file is written. The pool's
+workers die with the run (a SIGKILL or a time limit included), so that none keeps the destination's lock.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -70,6 +71,12 @@ JPEG_MAX_SIDE = 65500
 LOCK = ".resize_dataset.lock"
 #: The outcome of a file whose bytes could not be read at all: written as an empty file of its name.
 EMPTIED = "written empty (unreadable bytes)"
+#: The outcomes whose files are listed at the end of a run.
+LISTED = ("unreadable", "too wide for JPEG", EMPTIED)
+#: One JSON line per file of a listed outcome, by this and every earlier run into the destination, appended before the
+#: file is renamed into place, so that a resumed run lists what a killed one could not read; a file written again
+#: (deleted from the copy to be redone) gets a line with its new outcome, which takes it off the list.
+OUTCOMES = ".resize_dataset.outcomes"
 SPLITS = ("train", "val")
 #: PIL orientation tag; anything but 1 (or none) means the stored pixels are not upright.
 _ORIENTATION = 0x0112
@@ -87,11 +94,14 @@ def image_files(root: Path, splits: Sequence[str] = SPLITS) -> Iterator[Path]:
             yield Path(path).relative_to(root)
 
 
-def resize_one(source: Path, target: Path, short_side: int, quality: int) -> str:
+def resize_one(
+    source: Path, target: Path, short_side: int, quality: int, before_rename: Callable[[str], None] | None = None
+) -> str:
     """Writes ``source``'s image with its short side at most ``short_side`` to ``target`` (atomically) and says what
     it did: ``kept`` (already there), ``copied`` (byte for byte), ``resized``, ``re-encoded``, ``unreadable`` (copied
     byte for byte), :data:`EMPTIED` (not even its bytes could be read) or ``too wide for JPEG`` (a side over 65,500
-    pixels after the resize: copied byte for byte)."""
+    pixels after the resize: copied byte for byte). ``before_rename`` gets the outcome of a file written, before the
+    file takes its name."""
     if target.exists():
         return "kept"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -100,6 +110,8 @@ def resize_one(source: Path, target: Path, short_side: int, quality: int) -> str
     partial = target.parent / temporary_name(target.name, target.parent, f".{os.getpid()}.partial")
     try:
         outcome = _write(source, partial, short_side, quality)
+        if before_rename is not None:
+            before_rename(outcome)
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
@@ -158,9 +170,50 @@ def _worker_start() -> None:
         os._exit(1)
 
 
-def _resize_chunk(args: tuple[str, str, list[str], int, int]) -> list[tuple[str, str]]:
-    src, dst, names, short_side, quality = args
-    return [(name, resize_one(Path(src) / name, Path(dst) / name, short_side, quality)) for name in names]
+def _resize_chunk(args: tuple[str, str, list[str], int, int, frozenset[str]]) -> list[tuple[str, str]]:
+    """Resizes ``names``; ``relisted``: those of them an earlier run listed, whose new outcome is recorded whatever it
+    is (a file deleted from the copy and written again may be readable now)."""
+    src, dst, names, short_side, quality, relisted = args
+    done = []
+    for name in names:
+
+        def record(outcome: str, name: str = name) -> None:
+            if outcome in LISTED or name in relisted:
+                record_outcome(Path(dst), name, outcome)
+
+        done.append((name, resize_one(Path(src) / name, Path(dst) / name, short_side, quality, record)))
+    return done
+
+
+def record_outcome(dst: Path, name: str, outcome: str) -> None:
+    """Appends ``name``'s outcome to ``dst``'s :data:`OUTCOMES` in one write (the pool's workers append at once)."""
+    line = (json.dumps({"file": name, "outcome": outcome}) + "\n").encode()
+    fd = os.open(dst / OUTCOMES, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def listed_files(dst: Path) -> dict[str, str]:
+    """The files of ``dst`` with a listed outcome, by name, as :data:`OUTCOMES` records them (the last line of a name
+    wins; a line a kill cut short is skipped)."""
+    try:
+        lines = (dst / OUTCOMES).read_bytes().splitlines()
+    except FileNotFoundError:
+        return {}
+    listed: dict[str, str] = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            name, outcome = entry["file"], entry["outcome"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if outcome in LISTED:
+            listed[name] = outcome
+        else:
+            listed.pop(name, None)
+    return listed
 
 
 def check_paths(src: Path, dst: Path, options: dict) -> dict | None:
@@ -247,18 +300,28 @@ def resize_folder(src: Path, dst: Path, short_side: int, quality: int, workers: 
 
 def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: int, chunk: int) -> Counter:
     names = [str(p) for p in image_files(src)]
-    chunks = [(str(src), str(dst), names[i : i + chunk], short_side, quality) for i in range(0, len(names), chunk)]
+    log = dst / OUTCOMES
+    recorded = log.read_bytes() if log.is_file() else b""
+    if recorded and not recorded.endswith(b"\n"):
+        with open(log, "ab") as file:
+            file.write(b"\n")  # ends a line a kill cut short, which would swallow this run's first
+    earlier = listed_files(dst)
+    chunks = [
+        (str(src), str(dst), part, short_side, quality, frozenset(n for n in part if n in earlier))
+        for part in (names[i : i + chunk] for i in range(0, len(names), chunk))
+    ]
     counts: Counter = Counter()
-    # The outcomes whose files are listed at the end, and what the files became ({shown}: the first ten; {dst}: the
-    # copy).
+    # What the listed outcomes' files became ({shown}: the first ten; {dst}: the copy; {earlier}: how many of them an
+    # earlier run wrote).
     said = {
-        "unreadable": "PIL could not read were copied unchanged: {shown}",
-        "too wide for JPEG": "with a side over 65,500 pixels (no JPEG holds them) were copied unchanged: {shown}",
+        "unreadable": "PIL could not read were copied unchanged{earlier}: {shown}",
+        "too wide for JPEG": "with a side over 65,500 pixels (no JPEG holds them) were copied unchanged{earlier}: "
+        "{shown}",
         EMPTIED: "whose bytes could not be read (a dangling link, no permission) were written as empty files, which "
-        "the loader reports as bad images: {shown}; once they are readable, delete them from {dst} and run again to "
-        "copy them",
+        "the loader reports as bad images{earlier}: {shown}; once they are readable, delete them from {dst} and run "
+        "again to copy them",
     }
-    listed: dict[str, list[str]] = {outcome: [] for outcome in said}
+    by_earlier_run: Counter = Counter()
     start, done = time.perf_counter(), 0
     pool = None
     try:  # the pool made inside: a SIGTERM while it starts still cancels the queued chunks on the way out
@@ -270,8 +333,8 @@ def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: in
         for result in results:
             for name, outcome in result:
                 counts[outcome] += 1
-                if outcome in listed:
-                    listed[outcome].append(name)
+                if outcome == "kept" and name in earlier:
+                    by_earlier_run[earlier[name]] += 1
             done += len(result)
             if done % (chunk * 50) < len(result) or done == len(names):
                 rate = done / max(time.perf_counter() - start, 1e-9)
@@ -279,10 +342,15 @@ def _resize_all(src: Path, dst: Path, short_side: int, quality: int, workers: in
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    for outcome, files in listed.items():
+    listed = listed_files(dst)
+    for outcome in LISTED:
+        files = sorted(name for name, its in listed.items() if its == outcome)
         if files:
             shown = ", ".join(files[:10]) + (f" and {len(files) - 10} more" if len(files) > 10 else "")
-            print(f"resize_dataset: {len(files)} file(s) " + said[outcome].format(shown=shown, dst=dst))
+            n = by_earlier_run[outcome]
+            earlier_note = f" ({n} of them by an earlier run)" if n else ""
+            message = said[outcome].format(shown=shown, dst=dst, earlier=earlier_note)
+            print(f"resize_dataset: {len(files)} file(s) {message}")
     return counts
 
 

@@ -229,6 +229,42 @@ def test_a_copy_killed_midway_resumes_and_says_so(tmp_path: Path, monkeypatch, c
     assert check_layout(dst) == check_layout(src) == ["a", "b"]
 
 
+def test_a_resumed_copy_lists_what_the_killed_run_could_not_read(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A resumed run listed only the unreadable files it wrote itself: those of the run it resumed were "kept" and went
+    unsaid, so a copy finished in two runs could hold empty files nobody was told of."""
+    src, dst = source_folder(tmp_path / "src"), tmp_path / "dst"
+    (src / "train" / "a" / "gone.JPEG").symlink_to(tmp_path / "nowhere.JPEG")  # the first file: written empty
+    real, calls = resize_dataset.resize_one, []
+
+    def dies_after_three(*args):  # noqa: ANN002 - before broken.JPEG, the sixth file
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(resize_dataset, "resize_one", dies_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        resize_dataset.resize_folder(src, dst, 256, 90, workers=1)
+    monkeypatch.undo()
+    with open(dst / resize_dataset.OUTCOMES, "ab") as log:
+        log.write(b'{"file": "train/a/gr')  # a line a kill cut short: the resumed run's first line must not join it
+    capsys.readouterr()
+    resize_dataset.resize_folder(src, dst, 256, 90, workers=1)
+    out = capsys.readouterr().out
+    assert "1 file(s) whose bytes could not be read (a dangling link, no permission) were written as empty files, " \
+        "which the loader reports as bad images (1 of them by an earlier run): train/a/gone.JPEG;" in out  # fmt: skip
+    assert "1 file(s) PIL could not read were copied unchanged: train/b/broken.JPEG" in out
+    # Readable now, deleted from the copy and written again: off the list, in that run and the ones after it.
+    _jpeg(tmp_path / "nowhere.JPEG", _noise(300, 300))
+    (dst / "train" / "a" / "gone.JPEG").unlink()
+    for _ in range(2):
+        resize_dataset.resize_folder(src, dst, 256, 90, workers=1)
+        out = capsys.readouterr().out
+        assert "gone.JPEG" not in out and "written as empty" not in out
+        assert "1 file(s) PIL could not read were copied unchanged (1 of them by an earlier run): train/b/broken" in out
+    assert (dst / "train" / "a" / "gone.JPEG").stat().st_size > 0
+
+
 def test_a_run_killed_with_sigkill_leaves_no_worker_holding_the_lock(tmp_path: Path) -> None:
     """The pool's workers inherited the lock and outlived a killed run, waiting for work forever: every resume was
     refused as "another run is writing". They now die with the run."""
