@@ -10,7 +10,7 @@ What stays as with PIL, and where the two differ:
 
 * The crop and flip: :class:`TrainTransform` draws its box with torchvision's own ``RandomResizedCrop.get_params``
   and its flip as ``RandomHorizontalFlip`` does, from the same generator, so a sample's seed
-  (image_loading.SeededIndex) gives the same box and flip under both decoders.
+  (bad_image_policy.SeededIndex) gives the same box and flip under both decoders.
 * The pixels, within a level or two: the resize rounds differently from PIL's, by at most 1 when it downscales (on a
   few thousandths of the pixels at most crop sizes, on up to a quarter of them at some), and by at most 2 on a few
   pixels of an upsampled crop (a box smaller than the output; tests/test_cpu_decode.py).

@@ -12,7 +12,7 @@ epoch's data loader from the beginning again (unless the loader is "stateful"), 
 training order is a function of ``(seed, epoch)`` (:class:`TrainSampler`), and the data module's checkpoint state
 (:meth:`ImageNetDataModule.state_dict`, saved by Lightning with every checkpoint) records the epoch and how many of
 its batches were done. On resume the sampler serves that epoch from the next batch on, and the augmentation of every
-sample is seeded from ``(seed, epoch, index)`` (image_loading.py, :class:`~image_loading.SeededIndex`): the resumed
+sample is seeded from ``(seed, epoch, index)`` (:class:`~bad_image_policy.SeededIndex`): the resumed
 run sees exactly the batches, crops and flips the uninterrupted run would have, and with ``trainer.deterministic``
 ends with the same weights bit for bit. The epoch's length (``len`` of the loader), the sampler's epoch and the
 learning-rate schedule are those of the uninterrupted run. The position is per rank in batches, so it is exact for a
@@ -43,11 +43,12 @@ from typing_extensions import override  # a dependency (pyproject.toml); Lightni
 import cpu_decode
 import cuda_env
 import shapes_dataset
+from bad_image_policy import BadImageCollate, BadImageCounter, BadImagePolicy, SeededIndex
 from callbacks.preemption import WorkerSignalShield
 from encoded_batch import EncodedSampleLoader, encoded_collate
 from gpu_decode import NVJPEG_BINDINGS, decode_batch
 from image_folder import VisibleImageFolder, check_layout
-from image_loading import BadImageCollate, BadImageCounter, BadImagePolicy, ImageLoader, SeededIndex, min_decode_side
+from image_loading import ImageLoader, min_decode_side
 from prefetcher import IMAGENET_MEAN_255, IMAGENET_STD_255, DevicePrefetcher, SyntheticBatches
 
 
@@ -132,7 +133,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 class TrainSampler(DistributedSampler):
     """The training order: ``DistributedSampler``'s shuffle of ``(seed, epoch)``, ``drop_last``, and two additions.
 
-    * Every index comes out as a :class:`~image_loading.SeededIndex` carrying :func:`sample_seed` of
+    * Every index comes out as a :class:`~bad_image_policy.SeededIndex` carrying :func:`sample_seed` of
       ``(seed, epoch, index)``, which seeds that sample's augmentation.
     * :meth:`resume_at` ``(epoch, batches)``: iterating epoch ``epoch`` starts after its first ``batches`` batches of
       ``batch_size`` (what the interrupted run had done); other epochs are whole. ``len`` stays the whole epoch's:

@@ -24,9 +24,9 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import Metric
 from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
 
+from bad_image_policy import IGNORED_TARGET
 from callbacks.ranges import METRICS, app_range
 from callbacks.resumable_checkpoint import inside_the_epoch
-from image_loading import IGNORED_TARGET
 from torchvision_models import build_model
 
 #: Trainer precisions that run through Lightning's MixedPrecision plugin (autocast; GradScaler for 16-mixed).

@@ -1,7 +1,7 @@
 """Logs how many bad images ``data.on_bad_image: skip`` replaced per epoch: ``train_bad_images``, ``val_bad_images``,
 ``test_bad_images``.
 
-The counts are kept by :class:`image_loading.BadImageCounter` in the main process of each rank (host-side integers,
+The counts are kept by :class:`bad_image_policy.BadImageCounter` in the main process of each rank (host-side integers,
 no device work). Here they are logged once per epoch with ``reduce_fx="sum"`` and ``sync_dist=True``: one reduction
 across ranks per epoch, none per step. Loaders without a counter (``source: synthetic``) log nothing.
 """
@@ -14,7 +14,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback
 from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
 
-from image_loading import BadImageCounter, find_bad_image_counter
+from bad_image_policy import BadImageCounter, find_bad_image_counter
 
 
 def _counters(loaders: Any) -> list[BadImageCounter]:

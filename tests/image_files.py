@@ -1,5 +1,5 @@
-"""Small image files of every kind the decode paths tell apart, for the tests of both sides of the GPU decode path
-(tests/test_encoded_batch.py, tests/test_gpu_decode.py)."""
+"""Small image files for the tests: every kind the decode paths tell apart (tests/test_encoded_batch.py,
+tests/test_gpu_decode.py), and JPEGs of noise (tests/test_image_loading.py, tests/test_bad_image_policy.py)."""
 
 from __future__ import annotations
 
@@ -31,3 +31,10 @@ def files_of_every_kind(folder: Path) -> dict[str, Path]:
     exif[0x0112] = 6  # rotate 90 degrees on display
     smooth_image(200, 100).save(out["rotated"], quality=95, exif=exif)
     return out
+
+
+def noise_jpeg(path: Path, size: int = 64, seed: int = 0) -> Path:
+    array = np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path, "JPEG", quality=90)
+    return path

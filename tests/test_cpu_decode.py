@@ -18,10 +18,11 @@ from torchvision import transforms
 
 import cpu_decode
 import image_loading
+from bad_image_policy import SeededIndex
 from cpu_decode import TensorImageLoader, TrainTransform, ValTransform
 from datamodule import ImageNetDataModule, fast_collate, sample_seed
 from encoded_batch import EncodedSampleLoader
-from image_loading import BadImageError, SeededIndex, load_rgb
+from image_loading import BadImageError, load_rgb
 
 
 def photo(height: int, width: int, seed: int) -> np.ndarray:

@@ -19,8 +19,8 @@ from lightning_fabric.utilities.types import _Stateful
 from PIL import Image
 from torch.utils.data import DistributedSampler
 
+from bad_image_policy import IGNORED_TARGET, SeededIndex
 from datamodule import ImageNetDataModule, ShardSampler, TrainSampler, fast_collate, sample_seed
-from image_loading import IGNORED_TARGET, SeededIndex
 from prefetcher import DevicePrefetcher, SyntheticBatches
 from shapes_dataset import MANIFEST
 
@@ -428,7 +428,7 @@ def test_seed_everything_workers_seeds_each_worker_by_its_rank(
 ) -> None:
     from lightning_fabric.utilities.seed import pl_worker_init_function
 
-    from image_loading import find_bad_image_counter
+    from bad_image_policy import find_bad_image_counter
 
     monkeypatch.setenv("PL_SEED_WORKERS", seed_workers)  # what seed_everything(workers=True) sets
     dm = small_dm(shapes_root, workers=1)

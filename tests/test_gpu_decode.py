@@ -18,8 +18,8 @@ from PIL import Image
 from torchvision import transforms
 from torchvision.io import decode_jpeg, read_file
 
+import bad_image_policy
 import gpu_decode
-import image_loading
 from datamodule import ImageNetDataModule
 from encoded_batch import Encoded, EncodedSampleLoader, PackedBatch, center_crop_geometry, encoded_collate
 from gpu_decode import (
@@ -60,9 +60,9 @@ def test_a_bad_validation_file_is_left_unscored_on_the_gpu_path_too(tmp_path):
             smooth_image(90, 80, seed=i).save(tmp_path / name / f"{i}.JPEG", quality=90)
     (tmp_path / "a" / "1.JPEG").write_bytes(b"junk")  # its class's last file: the stand-in is class b's first
     folder = datasets.ImageFolder(str(tmp_path), loader=EncodedSampleLoader(False, 64, 0.08, 73, load_rgb))
-    policy = image_loading.BadImagePolicy(folder, on_bad_image="skip", evaluation=True)
-    packed, targets, bad = image_loading.BadImageCollate(encoded_collate)([policy[i] for i in range(4)])
-    assert targets.tolist() == [0, image_loading.IGNORED_TARGET, 1, 1]
+    policy = bad_image_policy.BadImagePolicy(folder, on_bad_image="skip", evaluation=True)
+    packed, targets, bad = bad_image_policy.BadImageCollate(encoded_collate)([policy[i] for i in range(4)])
+    assert targets.tolist() == [0, bad_image_policy.IGNORED_TARGET, 1, 1]
     assert len(bad) == 1 and bad[0][0].endswith("1.JPEG")
     assert decode_batch(packed, "cpu", 64).shape == (4, 3, 64, 64)
 

@@ -17,8 +17,8 @@ from core_probes import QUIET, LRLog
 from torch.utils.data import DataLoader, TensorDataset
 
 import imagenet_module
+from bad_image_policy import IGNORED_TARGET
 from datamodule import ImageNetDataModule
-from image_loading import IGNORED_TARGET
 from imagenet_module import ImageNetClassifier, lr_multiplier
 from torchvision_models import build_model
 
