@@ -261,8 +261,15 @@ class ProfilerWindow(Callback):
             raise ValueError(
                 f"profile.start_step: this run resumes at step {first}, after the start of the last window (steps "
                 f"{last_start}..{last_end - 1}), and profile.exit_after would stop it only at that window's end: it "
-                f"would train to its end instead. Place the window at or after step {first} (e.g. --profile.start_step "
-                f"{first + 20}), or --profile.exit_after false to train on without it"
+                f"would train to its end instead. {_a_window_that_fits(first, last_end - last_start, total)}, or "
+                "--profile.exit_after false to train on without it"
+            )
+        if self.exit_after and (keeps_going := _minimum_past(trainer, last_end)):
+            # Lightning ignores a stop before trainer.min_steps/min_epochs: the same job trained to its end.
+            raise ValueError(
+                f"profile.exit_after: {keeps_going} keeps the run going past the last window (steps {last_start}.."
+                f"{last_end - 1}), and Lightning ignores a stop before it: this profiling job would train on to its "
+                "end instead of stopping there. Lower it, or --profile.exit_after false to train on with it"
             )
         # Only for a known total: a loader without a length gives max_steps there (-1 when unset).
         if 0 <= total < math.inf and all(start >= total for start, _ in self.windows):
@@ -623,3 +630,40 @@ class ProfilerWindow(Callback):
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, stacklevel=2)
+
+
+def _a_window_that_fits(first: int, length: int, total: float) -> str:
+    """Advice for a window of ``length`` steps in a run resumed at step ``first`` with ``total`` steps in all (``-1``
+    or infinite when not known)."""
+    if not 0 <= total < math.inf:
+        return f"Place the window at or after step {first} (e.g. --profile.start_step {first + 20})"
+    if first + length > total:
+        return (
+            f"This run has steps {first}..{int(total) - 1} left, fewer than the window's {length}: train longer "
+            "(trainer.max_steps/max_epochs) or shorten the window (--profile.num_steps)"
+        )
+    return (
+        f"Place the window at steps {first}..{int(total) - length} of this run's remaining {first}..{int(total) - 1} "
+        f"(e.g. --profile.start_step {min(first + 20, int(total) - length)})"
+    )
+
+
+def _minimum_past(trainer: pl.Trainer, end: int) -> str | None:
+    """``trainer.min_steps N`` or ``trainer.min_epochs N`` when it is not yet met after step ``end - 1``, where
+    exit_after stops: Lightning then trains on (its fit loop's ``_can_stop_early``, which counts the epochs done
+    before the one that holds that step; Lightning sets min_epochs to 1 when only min_steps is given)."""
+    min_steps = getattr(trainer, "min_steps", None) or 0
+    if min_steps > end:
+        return f"trainer.min_steps {min_steps} (the last window ends at step {end})"
+    min_epochs = getattr(trainer, "min_epochs", None) or 0
+    batches = getattr(trainer, "num_training_batches", math.inf)
+    if min_epochs and 0 < batches < math.inf:
+        steps_per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
+        epoch = (end - 1) // steps_per_epoch
+        if epoch < min_epochs:
+            implied = " (Lightning's default once trainer.min_steps is set)" if min_steps and min_epochs == 1 else ""
+            return (
+                f"trainer.min_epochs {min_epochs}{implied} (the last window ends in epoch {epoch}, of "
+                f"{steps_per_epoch} steps each)"
+            )
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -508,8 +509,38 @@ def test_nonsense_is_rejected_at_construction(kwargs, match):
         ProfilerWindow(**kwargs)
 
 
-def test_exit_after_under_min_steps_says_so_and_leaves_validation_on(tmp_path, recorder):
-    # Lightning trains on through a stop until min_steps: exit_after neither claims to stop nor turns validation off.
+def test_exit_after_under_min_steps_or_min_epochs_is_refused_before_training(tmp_path, recorder):
+    """Lightning ignores a stop before trainer.min_steps/min_epochs: the profiling job trained on to its end, and said
+    so only after the window. Refused before the first step, as a resume past the window is."""
+    window = dict(start_step=1, num_steps=2, report=False)  # steps 1..2: exit_after stops after step 2, at step 3
+    with pytest.raises(ValueError, match=re.escape(
+        "profile.exit_after: trainer.min_steps 8 (the last window ends at step 3) keeps the run going past the last "
+        "window (steps 1..2)"
+    )):  # fmt: skip
+        fit(tmp_path, ProfilerWindow(**window), max_steps=8, min_steps=8, train_steps=4)
+    assert not recorder.events  # no step ran
+    with pytest.raises(ValueError, match=re.escape(
+        "trainer.min_epochs 1 (the last window ends in epoch 0, of 4 steps each) keeps the run going"
+    )):  # fmt: skip
+        fit(tmp_path, ProfilerWindow(**window), max_steps=8, min_epochs=1, train_steps=4)
+    # Lightning makes min_epochs 1 once min_steps is set: met at step 3 of 4 an epoch, that still keeps it going.
+    with pytest.raises(ValueError, match=re.escape(
+        "trainer.min_epochs 1 (Lightning's default once trainer.min_steps is set) (the last window ends in epoch 0"
+    )):  # fmt: skip
+        fit(tmp_path, ProfilerWindow(**window), max_steps=8, min_steps=3, train_steps=4)
+    # Met at the stop: min_steps at the step it stops at, min_epochs by the epochs before the window's (4 batches of 2
+    # accumulated: 2 steps an epoch, and the window at step 2 is in epoch 1).
+    later = dict(start_step=2, num_steps=1, report=False)
+    assert fit(tmp_path, ProfilerWindow(**later), max_steps=8, min_steps=3, train_steps=2).global_step == 3
+    trainer = fit(tmp_path, ProfilerWindow(**later), max_steps=8, min_epochs=1, train_steps=4, accumulate=2)
+    assert trainer.global_step == 3
+    assert fit(tmp_path, ProfilerWindow(**window, exit_after=False), max_steps=4, min_steps=4).global_step == 4
+
+
+def test_exit_after_under_a_minimum_not_foreseen_says_so_and_leaves_validation_on(tmp_path, recorder, monkeypatch):
+    # The check before training needs the epoch's length (a loader without one): where it could not tell, Lightning
+    # trains on through the stop, and exit_after neither claims to stop nor turns validation off.
+    monkeypatch.setattr(callbacks.profiler_window, "_minimum_past", lambda trainer, end: None)
     window = ProfilerWindow(start_step=1, num_steps=2, report=False)
     with pytest.warns(UserWarning, match="min_steps/min_epochs keep the run going: exit_after does not stop it"):
         trainer = fit(tmp_path, window, max_steps=8, min_steps=8, train_steps=4, val_batches=1)
@@ -564,6 +595,17 @@ def test_a_resume_past_the_last_windows_start_with_exit_after_is_refused_before_
     resumed = SimpleNamespace(global_step=5, estimated_stepping_batches=100)
     with pytest.raises(ValueError, match=r"resumes at step 5, after the start of the last window \(steps 3\.\.12\)"):
         ProfilerWindow(start_step=3).on_train_start(resumed, None)
+    # The window it suggests fits in the run (it said step 25 also where the run ends before it).
+    for total, advice in [
+        (100, "Place the window at steps 5..90 of this run's remaining 5..99 (e.g. --profile.start_step 25)"),
+        (30, "Place the window at steps 5..20 of this run's remaining 5..29 (e.g. --profile.start_step 20)"),
+        (12, "This run has steps 5..11 left, fewer than the window's 10: train longer"),
+        (-1, "Place the window at or after step 5 (e.g. --profile.start_step 25)"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(advice)):
+            ProfilerWindow(start_step=3).on_train_start(
+                SimpleNamespace(global_step=5, estimated_stepping_batches=total), None
+            )
     with pytest.warns(UserWarning, match="starts before step 5, where this run resumes"):
         ProfilerWindow(start_step=3, exit_after=False).on_train_start(resumed, None)
     ProfilerWindow(start_step=[1, 20]).on_train_start(resumed, None)  # the last window is still ahead
