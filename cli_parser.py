@@ -161,8 +161,10 @@ def tidy_console(app_dir: str) -> None:
 
     def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line=None) -> str:  # noqa: ANN001
         path = Path(filename)
-        if category is UserWarning and path.is_relative_to(app_dir) and "site-packages" not in path.parts:
-            return f"{filename}:{lineno}: {message}\n"
+        if issubclass(category, UserWarning) and path.is_relative_to(app_dir) and "site-packages" not in path.parts:
+            # The app's own kinds (BadImageWarning) keep their name: it is what a warnings filter would take.
+            kind = "" if category is UserWarning else f"{category.__name__}: "
+            return f"{filename}:{lineno}: {kind}{message}\n"
         return previous(message, category, filename, lineno, line)
 
     format_warning.without_source_line = True  # type: ignore[attr-defined]

@@ -127,8 +127,8 @@ class ImageNetClassifier(pl.LightningModule):
             that is not its conv/GEMM template search; those modes include it). On an H200, ResNet-50 bf16 under
             ``reduce-overhead`` trained at 7,264 img/s with it against 6,936 without, side by side (1.047; 1.048 in
             another call; ``max-autotune`` gave 7,244 on another machine), for 150-200 s more before the first step
-            (about half to two thirds of ``max-autotune``'s extra). Each validation shape tunes its own kernels too.
-            Needs ``compile``.
+            (about half of ``max-autotune``'s extra: it took 405 s, against about 60 s untuned). Each validation shape
+            tunes its own kernels too. Needs ``compile``.
         fused_sgd: The SGD kernel. ``true``: torch's fused SGD, one kernel for the whole update; under ``16-mixed``
             it also takes GradScaler's overflow check: a step with inf/NaN gradients is skipped on the GPU, so no
             step waits for the host to read the check back (the unfused optimizer syncs once per step for it).

@@ -53,6 +53,9 @@
 # cpuload-P: bench/cpu_load.py around bench/throughput.py on all GPUs (torchrun, cores per GPU minus two workers,
 #            VARIANTS default app_folder_gpu@0.85): per-core load and clock, the busiest threads (main, producer,
 #            workers) of every rank
+# RAW_LOOP=PATH: the plain PyTorch loop of the raw rows, which this repository does not ship (bench/throughput.py
+# reads it; default .carry/raw_loop.py, where ../shared/device/prepare.sh puts the lab's loop); without it leave
+# raw out of VARIANTS.
 # VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
 # under compile-P an app row may name its torch.compile mode, e.g. app_synthetic:reduce-overhead (STACKS_AFTER_S:
 # each variant's own limit, default 240 s compiled; max-autotune's compile took about 400 s on an H200);

@@ -249,9 +249,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--launcher", default="lightning", choices=["lightning", "torchrun"], help="app under DDP")
     p.add_argument(
         "--raw-loop",
-        default=str(RAW_LOOP),
+        default=os.environ.get("RAW_LOOP") or str(RAW_LOOP),
         help="the plain PyTorch loop of the raw variant (not shipped: the lab's reference loop, which "
-        "../shared/device/prepare.sh puts in .carry/; default %(default)s)",
+        "../shared/device/prepare.sh puts in .carry/; default: $RAW_LOOP if set, which bench/gpu_session.sh's stages "
+        "pass on, else %(default)s)",
     )
     p.add_argument(
         "--inductor",
@@ -350,7 +351,8 @@ def check_machine(a: argparse.Namespace, variants: list[str], gpus: int) -> None
     if "raw" in variants and not Path(a.raw_loop).is_file():
         sys.exit(
             f"--raw-loop {a.raw_loop} does not exist: the raw variant runs a plain PyTorch loop that this repository "
-            "does not ship; pass its path with --raw-loop, or leave raw out of --variants"
+            "does not ship; pass its path with --raw-loop (or RAW_LOOP=PATH in the environment, also for "
+            "bench/gpu_session.sh), or leave raw out of --variants"
         )
     if all(variant == "raw" for variant in variants):
         return  # the plain loop (not this repository's) says itself what it needs

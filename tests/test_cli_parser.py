@@ -13,6 +13,7 @@ import torch
 
 import cli_parser
 import train
+from image_loading import BadImageWarning
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
@@ -135,6 +136,11 @@ def test_the_apps_warnings_print_without_their_source_line(capsys, monkeypatch) 
         f"{app_file}:7: said\n"
     )
     assert "rank_zero_warn" in warnings.formatwarning(UserWarning("said"), UserWarning, torch_file, 7, "rank_zero_warn")
+    # The app's own kinds of UserWarning too (a bad image skipped printed the line that warned under it).
+    bad = BadImageWarning("skipping bad image x.JPEG")
+    assert warnings.formatwarning(bad, BadImageWarning, app_file, 9, "self._record(bad)") == (
+        f"{app_file}:9: BadImageWarning: skipping bad image x.JPEG\n"
+    )
 
 
 def test_lightnings_pytree_deprecation_notice_is_not_printed(monkeypatch) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -534,6 +535,14 @@ def test_the_raw_variant_without_the_plain_loop_names_the_option(throughput, tmp
         throughput.main(["--child", "raw", "--raw-loop", str(tmp_path / "raw_loop.py")])
     said = str(stopped.value)
     assert f"--raw-loop {tmp_path / 'raw_loop.py'} does not exist" in said and "leave raw out of --variants" in said
+
+
+def test_the_plain_loop_s_path_comes_from_raw_loop_in_the_environment(throughput, tmp_path, monkeypatch) -> None:
+    # bench/gpu_session.sh's stages run the raw row without --raw-loop: RAW_LOOP is how a user without .carry/ gives it.
+    monkeypatch.setenv("RAW_LOOP", str(tmp_path / "lab" / "loop.py"))
+    with pytest.raises(SystemExit, match=re.escape(f"--raw-loop {tmp_path / 'lab' / 'loop.py'} does not exist")):
+        throughput.main(["--child", "raw"])
+    assert throughput.parse(["--raw-loop", "given.py"]).raw_loop == "given.py"  # the option still wins
 
 
 @pytest.mark.parametrize("argv", [["--warmup", "0"], ["--compile", "--warmup", "-1"], ["--steps", "0"]])
