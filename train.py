@@ -87,6 +87,7 @@ class ImageNetCLI(LightningCLI):
                 choice.help = kwargs.get(choice.dest, {}).get("description", choice.help)
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 (LightningArgumentParser)
+        _batch_limits_count_before_fractions(parser)
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.batch_size", "model.batch_size")
         parser.link_arguments("model.channels_last", "data.channels_last")
@@ -314,35 +315,6 @@ class ImageNetCLI(LightningCLI):
         self._argv = [] if hasattr(words, "keys") else [str(word) for word in words]
         super().parse_arguments(parser, args)
         self._last_checkpoint_follows_checkpoint_dirpath()
-        self._batch_limits_as_written()
-
-    def _batch_limits_as_written(self) -> None:
-        """``trainer.limit_*_batches`` counts batches when it is an int and is a fraction when it is a float
-        (Lightning's docs), but Lightning annotates it ``float | int``, so the parser reads ``1`` as ``1.0``: every
-        batch, where ``--trainer.limit_train_batches 1`` asked for one (a smoke test became a whole ImageNet epoch).
-        Each limit whose last source, in the order the parser reads them (the ``--config`` files, ``--trainer`` files
-        or YAML text, and ``--trainer.limit_*``), writes a whole number without a point is made an int again (here,
-        for the saved config, and for the trainer: jsonargparse's instantiation reads the config's types afresh)."""
-        self._batch_limits: dict[str, int] = {}
-        subcommand = self.config.get("subcommand")
-        trainer = (self.config[subcommand] if subcommand else self.config).get("trainer")
-        if trainer is None:
-            return
-        written: dict[str, bool] = {}  # key -> the last source wrote an int
-        for position, word in enumerate(self._argv):
-            name, equals, value = word.partition("=")
-            if not equals:
-                value = self._argv[position + 1] if position + 1 < len(self._argv) else ""
-            if name in ("--config", "-c"):
-                written.update(_batch_limits_in_config_file(value))
-            elif name == "--trainer":  # the trainer's own keys: a file of them, or YAML text
-                written.update(_batch_limits_in_trainer_value(value))
-            elif name.startswith("--trainer.limit_") and name.endswith("_batches"):
-                written[name[len("--trainer.") :]] = re.fullmatch(r"\s*\+?\d+\s*", value) is not None
-        for key, as_int in written.items():
-            limit = trainer.get(key)
-            if as_int and isinstance(limit, float) and limit.is_integer():
-                trainer[key] = self._batch_limits[key] = int(limit)
 
     def _last_checkpoint_follows_checkpoint_dirpath(self) -> None:
         """``checkpoint.dirpath`` alone puts last.ckpt there too: the folder a user fixes for the checkpoints is then
@@ -552,7 +524,7 @@ class ImageNetCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         try:
-            trainer = super().instantiate_trainer(**{**self._batch_limits, **kwargs})
+            trainer = super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError) as error:
             # Lightning's checks of the trainer's arguments (devices 0, an unknown strategy, max_epochs -5): its
             # message names the argument; said as the parser's errors rather than at the end of a traceback. A
@@ -616,31 +588,23 @@ def _config_file(path: str) -> Any:
         return None
 
 
-def _batch_limits_in_config_file(path: str) -> dict[str, bool]:
-    """The ``trainer.limit_*_batches`` that a config file sets, each with whether its value is a YAML int."""
-    content = _config_file(path)
-    return _batch_limits_in(content.get("trainer") if isinstance(content, dict) else None)
+#: Lightning's batch limits: an int counts batches, a float is a fraction of them.
+BATCH_LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches")
 
 
-def _batch_limits_in_trainer_value(value: str) -> dict[str, bool]:
-    """The same for ``--trainer VALUE``: a file of the trainer's keys, or YAML text (``{limit_val_batches: 1}``)."""
-    try:
-        if Path(value).is_file():
-            return _batch_limits_in(_config_file(value))
-        return _batch_limits_in(yaml.safe_load(value))
-    except (OSError, ValueError, yaml.YAMLError):  # a name too long for a path, say; the parser read the text already
-        return {}
-
-
-def _batch_limits_in(trainer: Any) -> dict[str, bool]:
-    """``trainer``'s ``limit_*_batches`` keys, each with whether its value is an int."""
-    if not isinstance(trainer, dict):
-        return {}
-    return {
-        key: isinstance(value, int) and not isinstance(value, bool)
-        for key, value in trainer.items()
-        if isinstance(key, str) and key.startswith("limit_") and key.endswith("_batches")
-    }
+def _batch_limits_count_before_fractions(parser: Any) -> None:
+    """``trainer.limit_*_batches`` parsed as an int first, a float only when it is not a whole number written so.
+    Lightning annotates them ``float | int``, and the parser takes a union's types in order: ``1`` from the command
+    line or a config file became ``1.0``, every batch, where one was asked for (a smoke test became a whole ImageNet
+    epoch), and the saved config.yaml then said ``1.0`` for a rerun too. ``1.0`` stays a float (every batch)."""
+    for key in BATCH_LIMITS:
+        action = parser._option_string_actions.get(f"--trainer.{key}")
+        if action is None or not hasattr(action, "_typehint"):  # jsonargparse keeps a key's type there (4.x)
+            raise RuntimeError(
+                f"trainer.{key}: this jsonargparse ({metadata.version('jsonargparse')}) keeps its options' types "
+                "elsewhere, so 1 would read as 1.0 (every batch); install jsonargparse 4.x (pyproject.toml)"
+            )
+        action._typehint = int | float | None
 
 
 def _trainer_option_named_by(error: BaseException) -> str | None:

@@ -175,6 +175,32 @@ def test_a_batch_limit_of_1_means_one_batch(
         assert (limit, type(limit)) == (value, type(value)), key
 
 
+def test_a_batch_limit_of_1_stays_one_batch_in_a_trainer_file_the_saved_config_and_print_config(
+    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, main, capsys
+) -> None:
+    """The limits were made ints again from what the command line and the config files wrote, which missed a trainer
+    section given as a file inside a config file; and the saved config.yaml said 1.0, so a rerun from it trained
+    every batch."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "trainer.yaml").write_text("limit_train_batches: 1\nlimit_val_batches: 0.5\n")
+    (tmp_path / "main.yaml").write_text(f"trainer: {tmp_path / 'trainer.yaml'}\n")
+    args = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(tmp_path / "main.yaml"),
+            "--data.root", str(shapes_root), "--trainer.accelerator", "cpu"]  # fmt: skip
+    real_cli = train.ImageNetCLI
+    monkeypatch.setattr(train, "ImageNetCLI", lambda *a, **k: real_cli(*a, args=k.pop("args")[1:], run=False, **k))
+    cli = main(args)
+    assert (cli.trainer.limit_train_batches, cli.trainer.limit_val_batches) == (1, 0.5)
+    assert type(cli.trainer.limit_train_batches) is int
+    saved = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))  # what SaveConfigCallback writes
+    assert saved["trainer"]["limit_train_batches"] == 1 and type(saved["trainer"]["limit_train_batches"]) is int
+    monkeypatch.setattr(train, "ImageNetCLI", real_cli)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["fit", *args, "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert type(printed["trainer"]["limit_train_batches"]) is int and printed["trainer"]["limit_val_batches"] == 0.5
+
+
 # --- a short fit that learns, and evaluation of its checkpoint ---------------------------------------------------
 @pytest.fixture(scope="module")
 def trained(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory, tiny_args, main) -> dict:
