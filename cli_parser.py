@@ -46,8 +46,19 @@ class ReadableErrorsParser(LightningArgumentParser):
         cwd = getattr(self, "_cwd", os.getcwd())
         message = _name_the_config_file(message, self._given or [], cwd)
         message = _name_the_file_that_is_no_mapping(message, self._given or [], cwd)
-        hints = _suggestion(message, parser, self._given or []) + _precision_hint(message)
+        hints = _suggestion(message, parser, self._given or []) + _precision_hint(message) + _num_classes_hint(message)
         super().error(message + hints + _empty_section_hint(message), ex)
+
+
+def _num_classes_hint(message: str) -> str:
+    """``Linked "model.num_classes" must be given via "data.num_classes"`` sends to a key no one can set: the data
+    module counts the classes."""
+    if 'Linked "model.num_classes"' not in message:
+        return ""
+    return (
+        " (data.num_classes is no option: it is the number of class folders under data.root, or "
+        "data.synthetic_num_classes with data.source: synthetic)"
+    )
 
 
 def _suggestion(message: str, parser: Any, given: list[str]) -> str:

@@ -321,8 +321,11 @@ class ImageNetDataModule(pl.LightningDataModule):
             )
         if on_bad_image not in ("error", "skip"):
             raise ValueError(f"data.on_bad_image must be 'error' or 'skip', got {on_bad_image!r}")
+        if isinstance(seed, bool) or not 0 <= seed <= 2**63 - 1:
+            # torch's samplers seed a generator with seed + epoch: past 2**64 - 1 a crash at an epoch's start.
+            raise ValueError(f"data.seed must be in 0..{2**63 - 1}, got {seed}")
         self.save_hyperparameters()
-        self.root = Path(root)
+        self.root = Path(root).expanduser()
         self.source = source
         self.batch_size = batch_size
         self.workers = workers

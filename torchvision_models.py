@@ -69,7 +69,8 @@ def _load_weights(model: torch.nn.Module, arch: str, num_classes: int, path: Pat
     """
     if not path.is_file():
         raise FileNotFoundError(
-            f"model.weights: {path} does not exist; give a local torchvision state_dict file "
+            f"model.weights: {path} {'is a folder' if path.is_dir() else 'does not exist'}; give a local torchvision "
+            "state_dict file "
             f"(e.g. a {arch}-*.pth from the torchvision model zoo copied to this machine)"
         )
     wanted = f"give a state_dict saved by torch.save(model.state_dict()), e.g. torchvision's {arch}-*.pth weights file"

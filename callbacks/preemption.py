@@ -76,6 +76,7 @@ rank 0 of Lightning's own launcher fails, its child ranks would stay behind, blo
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -156,8 +157,8 @@ class PreemptionHandler(Callback):
             raise ValueError(f"preemption.check_every_n_steps must be >= 1, got {check_every_n_steps}")
         if not filename or os.sep in filename or (os.altsep and os.altsep in filename):
             raise ValueError(f"preemption.filename must be a plain file name like 'last.ckpt', got {filename!r}")
-        if child_wait_s < 0:
-            raise ValueError(f"preemption.child_wait_s must be >= 0, got {child_wait_s}")
+        if not 0 <= child_wait_s < math.inf:  # NaN too: a wait without a limit
+            raise ValueError(f"preemption.child_wait_s must be a number of seconds >= 0, got {child_wait_s}")
         self.signals = [signal.Signals[name] for name in signals]
         self.check_every_n_steps = check_every_n_steps
         self.dirpath = dirpath

@@ -97,6 +97,13 @@ def test_a_wrong_precision_is_told_the_valid_values(capsys, monkeypatch) -> None
     )
 
 
+def test_the_class_count_set_on_the_model_says_where_it_comes_from(capsys, monkeypatch) -> None:
+    # The parser's own message sent to data.num_classes, which is no option.
+    err = error_of(["fit", "--config", QUICKSTART, "--model.num_classes", "5"], capsys, monkeypatch)
+    assert 'Linked "model.num_classes" must be given via "data.num_classes".' in err
+    assert "data.num_classes is no option: it is the number of class folders under data.root" in err
+
+
 def test_an_option_with_nothing_close_gets_no_guess(capsys, monkeypatch) -> None:
     err = error_of(["fit", "--config", QUICKSTART, "--zzz.qqq", "1"], capsys, monkeypatch)
     assert err.splitlines()[-1] == "error: unrecognized arguments: --zzz.qqq 1"

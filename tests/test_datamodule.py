@@ -638,11 +638,19 @@ def test_bad_root_through_train_py_exits_nonzero_naming_the_path(tmp_path: Path,
         ({"val_resize_size": 32, "val_crop_size": 48}, r"data.val_crop_size \(48\) is larger"),
         ({"min_crop_scale": 0.0}, "data.min_crop_scale must be in"),
         ({"crop_size": 0}, "must be >= 1"),
+        # torch's sampler seeds with seed + epoch: 2**64 - 1 crashed at the second epoch's start.
+        ({"seed": 2**64 - 1}, r"data.seed must be in 0\.\.9223372036854775807, got 18446744073709551615"),
+        ({"seed": -1}, r"data.seed must be in 0\.\."),
     ],
 )
 def test_invalid_arguments(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ImageNetDataModule(**kwargs)
+
+
+def test_a_root_under_home_is_the_home_folders(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert ImageNetDataModule(root="~/imagenet").root == tmp_path / "imagenet"
 
 
 def test_a_prefetch_factor_without_workers_is_said() -> None:

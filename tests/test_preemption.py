@@ -322,7 +322,8 @@ def test_signal_handler_repeats() -> None:
         ({"signals": []}, "must name at least one signal"),
         ({"check_every_n_steps": 0}, "check_every_n_steps must be >= 1"),
         ({"filename": "a/last.ckpt"}, "plain file name"),
-        ({"child_wait_s": -1}, "child_wait_s must be >= 0"),
+        ({"child_wait_s": -1}, "child_wait_s must be a number of seconds >= 0"),
+        ({"child_wait_s": float("nan")}, "child_wait_s must be a number of seconds >= 0, got nan"),
     ],
 )
 def test_arguments_are_validated(kwargs: dict[str, Any], message: str) -> None:

@@ -66,6 +66,8 @@ def test_missing_weights_file(tmp_path: Path) -> None:
     path = tmp_path / "resnet18-f37072fd.pth"
     with pytest.raises(FileNotFoundError, match=re.escape(f"model.weights: {path} does not exist")):
         build_model("resnet18", 10, str(path))
+    with pytest.raises(FileNotFoundError, match=re.escape(f"model.weights: {tmp_path} is a folder; give a local")):
+        build_model("resnet18", 10, str(tmp_path))
 
 
 def test_weights_of_another_arch_are_refused(resnet18_weights: tuple[Path, dict], tmp_path: Path) -> None:

@@ -744,7 +744,28 @@ def test_ckpt_path_last_on_a_file_cut_short_is_refused_in_a_line(
      (["--checkpoint.save_top_k", "-2"], "checkpoint.save_top_k must be >= -1"),
      # Lightning's own checks against the data, a traceback before: one line naming the option.
      (["--trainer.val_check_interval", "1000"], "trainer.val_check_interval: `val_check_interval` (1000) must be"),
-     (["--trainer.limit_train_batches", "0.0001"], "trainer.limit_train_batches: You requested to check 0.0001")],
+     (["--trainer.limit_train_batches", "0.0001"], "trainer.limit_train_batches: You requested to check 0.0001"),
+     # A ZeroDivisionError after the first step, in the sanity check; a budget a fresh run has spent already.
+     (["--trainer.val_check_interval", "0"], "trainer.val_check_interval must be > 0"),
+     (["--trainer.check_val_every_n_epoch", "0"], "trainer.check_val_every_n_epoch must be >= 1"),
+     (["--trainer.max_time", "00:00:00:00"], "trainer.max_time must be more than 0"),
+     (["--trainer.max_time", "{minutes: -5}"], "trainer.max_time must be more than 0"),
+     # A format a metric's float cannot take failed at the first save, after an epoch and its validation.
+     (["--checkpoint.filename", "best-{val_acc1:03d}"],
+      "checkpoint.filename 'best-{val_acc1:03d}': {val_acc1:03d} cannot format a float"),
+     (["--last_checkpoint.filename", "last-{step"], "last_checkpoint.filename 'last-{step': a { or } that opens"),
+     # Lightning's ModelCheckpoint checks: a traceback that named neither section.
+     (["--checkpoint.every_n_train_steps", "-1"], "checkpoint: Invalid value for every_n_train_steps=-1"),
+     (["--last_checkpoint.every_n_epochs", "-2"], "last_checkpoint: Invalid value for every_n_epochs=-2"),
+     (["--checkpoint.monitor", "null", "--checkpoint.save_top_k", "3"], "checkpoint: ModelCheckpoint(save_top_k=3,"),
+     (["--trainer.enable_checkpointing", "false"], "trainer.enable_checkpointing false: this app always adds"),
+     (["--seed_everything", "-5"], "seed_everything must be in 0..4294967295"),
+     (["--trainer.precision", "transformer-engine"], "trainer.precision transformer-engine needs NVIDIA Transformer"),
+     # An unset $VAR: last.ckpt went to the current folder, the logs to ./quickstart, random weights without a word.
+     (["--last_checkpoint.dirpath", ""], "last_checkpoint.dirpath is an empty string (an unset environment variable?)"),
+     (["--trainer.logger.init_args.save_dir", ""], "trainer.logger.init_args.save_dir is an empty string"),
+     (["--model.weights", " "], "model.weights is an empty string"),
+     (["--ckpt_path", ""], "--ckpt_path is an empty string")],
 )  # fmt: skip
 def test_training_options_that_would_fail_or_train_wrong_later_are_refused_now(
     option: list[str], said: str, shapes_root: Path, tmp_path: Path, tiny_args, refused
@@ -752,6 +773,34 @@ def test_training_options_that_would_fail_or_train_wrong_later_are_refused_now(
     # The monitor failed after the first epoch and its validation; a negative clip value turned the gradient around.
     assert refused(["fit", *tiny_args(shapes_root, tmp_path / "run"), *option]).startswith(f"error: {said}")
     assert not (tmp_path / "run").exists()
+
+
+def test_validate_refuses_checkpoint_options_lightning_would_refuse_in_a_traceback(
+    shapes_root: Path, tmp_path: Path, tiny_args, refused
+) -> None:
+    args = tiny_args(shapes_root, tmp_path / "run")
+    assert (
+        refused(["validate", *args, "--checkpoint.mode", "foo"])
+        == "error: checkpoint.mode must be min or max, got 'foo'"
+    )
+    said = refused(["test", *args, "--last_checkpoint.save_top_k", "-3"])
+    assert said.startswith("error: last_checkpoint.save_top_k must be >= -1")
+
+
+def test_a_data_root_under_home_is_the_home_folders(
+    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, main
+) -> None:
+    # The generated dataset was drawn into ./~/..., a folder's ~/... did not exist.
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "shapes").symlink_to(shapes_root)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    real_cli = train.ImageNetCLI
+    monkeypatch.setattr(train, "ImageNetCLI", lambda *a, **k: real_cli(*a, args=k.pop("args")[1:], run=False, **k))
+    cli = main(["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", "~/shapes",
+                "--trainer.accelerator", "cpu"])  # fmt: skip
+    assert cli.datamodule.root == tmp_path / "home" / "shapes"
+    assert cli.config.data.root == str(tmp_path / "home" / "shapes")  # the saved config.yaml's too
 
 
 def test_only_lightnings_data_setup_checks_become_one_line_errors() -> None:
