@@ -509,16 +509,22 @@ def _resume(args: argparse.Namespace, translation: Translation, arch_typed: bool
         return ["--ckpt_path", str(path)]
     if not legacy_checkpoint.is_legacy_checkpoint(path):
         try:
-            legacy_checkpoint.load_raw(path)
+            raw = legacy_checkpoint.load_raw(path)
         except Exception as error:  # noqa: BLE001 - whatever torch.load says of the file, said as such
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise MigrationError(
                 f"--resume {path}: torch.load cannot read it ({reason}): not a checkpoint, or a torn one (main_amp.py "
                 "saved in place, so a run stopped while saving leaves a truncated file); resume from an earlier copy"
             ) from None
+        if isinstance(raw, Mapping):
+            keys = sorted(map(str, raw))
+            missing = [key for key in ("epoch", "state_dict") if key not in raw]
+            holds = f"missing {missing}; its keys: {keys[:10]}{' ...' if len(keys) > 10 else ''}"
+        else:
+            holds = f"it holds a {type(raw).__name__}"
         raise MigrationError(
             f"--resume {path}: neither a main_amp.py checkpoint (a dict with 'epoch', 'arch', 'state_dict', "
-            "'best_prec1', 'optimizer') nor a Lightning checkpoint"
+            f"'best_prec1', 'optimizer') nor a Lightning checkpoint: {holds}"
         )
     legacy = legacy_checkpoint.load_legacy(path, lazy=True)
     try:
@@ -528,6 +534,11 @@ def _resume(args: argparse.Namespace, translation: Translation, arch_typed: bool
         raise MigrationError(f"--resume: {error}") from None
     converted = legacy_checkpoint.converted_path(path)
     translation.legacy_checkpoint, translation.converted_checkpoint = path, converted
+    if legacy.optimizer is None and not args.evaluate:
+        notes.append(
+            f"--resume {path}: it holds no 'optimizer' entry, so SGD's momentum buffers start at zero (main_amp.py "
+            "itself stopped at such a file with a KeyError)"
+        )
     if legacy.amp_state:
         notes.append(
             f"--resume {path}: its apex amp state (the loss scaler's scale) is not carried over; under 16-mixed "

@@ -240,7 +240,10 @@ def check_arch(legacy: LegacyCheckpoint, arch: str) -> None:
 # --- building the Lightning checkpoint -----------------------------------------------------------------
 def _load_weights(net: torch.nn.Module, legacy: LegacyCheckpoint) -> None:
     own = net.state_dict()
-    missing = [k for k in own if k not in legacy.state_dict]
+    # BatchNorm's num_batches_tracked (torch 0.4.1 on) is absent from older files: the model's own count stands, as
+    # torch's BatchNorm fills it when it loads such a file.
+    state = {**{k: v for k, v in own.items() if k.endswith("num_batches_tracked")}, **legacy.state_dict}
+    missing = [k for k in own if k not in state]
     unexpected = [k for k in legacy.state_dict if k not in own]
     mismatched = [
         f"{k}: checkpoint {list(v.shape)}, model {list(own[k].shape)}"
@@ -251,16 +254,24 @@ def _load_weights(net: torch.nn.Module, legacy: LegacyCheckpoint) -> None:
         details = []
         if mismatched:
             details.append("shape mismatches: " + "; ".join(mismatched[:5]))
-            details.append(
-                "(a different classifier size means the checkpoint was trained on another number of classes "
-                "than data.root has class folders)"
-            )
+            head = [v.shape[0] for k, v in legacy.state_dict.items() if k == "fc.weight" and k in own]
+            if head == [1000] and own["fc.weight"].shape[0] != 1000:
+                details.append(
+                    "(main_amp.py built torchvision's 1000-way head whatever the data folder held; here the head "
+                    f"has one output per class folder of data.root ({own['fc.weight'].shape[0]}): this checkpoint "
+                    "fits a data.root of 1000 classes)"
+                )
+            else:
+                details.append(
+                    "(a different classifier size means the checkpoint was trained on another number of classes "
+                    "than data.root has class folders)"
+                )
         if missing:
             details.append(f"missing in the checkpoint: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
         if unexpected:
             details.append(f"not in the model: {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
         raise CheckpointConversionError(f"{legacy.path} does not fit the model: " + " ".join(details))
-    net.load_state_dict(legacy.state_dict)
+    net.load_state_dict(state)
 
 
 def _load_optimizer_state(optimizer: torch.optim.Optimizer, legacy: LegacyCheckpoint) -> None:

@@ -131,6 +131,15 @@ def _load_weights(model: torch.nn.Module, arch: str, num_classes: int, path: Pat
             f"model.weights: {path} does not fit arch {arch!r}: {'; '.join(said)}; give a state_dict of a {arch} "
             f"(e.g. torchvision's {arch}-*.pth weights file), or pass the --model.arch it was saved from"
         )
+    if head & misshaped:
+        from pytorch_lightning.utilities import rank_zero_info  # here: building a model needs no Lightning
+
+        saved_classes = next(state[k].shape[0] for k in sorted(head & misshaped))
+        rank_zero_info(
+            f"model.weights: {path} was trained for {saved_classes} classes and data.root has {num_classes}: its "
+            f"body is loaded, and its head ({', '.join(sorted(head))}) starts freshly initialized (a fine-tuning; an "
+            "evaluation scores that untrained head)"
+        )
 
 
 def _summary(names: list[str], kind: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -615,10 +616,35 @@ def test_class_count_mismatch_is_a_clear_error(tmp_path: Path, data_root: Path) 
     argv, _ = apex_compat.translate(
         ["-b", "8", "-j", "0", "--resume", str(tmp_path / "checkpoint.pth.tar"), str(data_root), *CPU], {}
     )
-    with pytest.raises(
-        legacy_checkpoint.CheckpointConversionError, match=r"fc.weight: checkpoint \[1000, 512\], model \[10, 512\]"
-    ):
+    with pytest.raises(legacy_checkpoint.CheckpointConversionError) as refused:
         legacy_checkpoint.convert(tmp_path / "checkpoint.pth.tar", argv)
+    assert "fc.weight: checkpoint [1000, 512], model [10, 512]" in str(refused.value)
+    # The reason is main_amp.py's fixed head, not "trained on another number of classes".
+    assert "main_amp.py built torchvision's 1000-way head whatever the data folder held" in str(refused.value)
+
+
+def test_a_state_dict_from_before_num_batches_tracked_converts(tmp_path: Path, data_root: Path) -> None:
+    # torch before 0.4.1 saved no BatchNorm num_batches_tracked; torch's BatchNorm loads such files.
+    state = write_legacy(tmp_path / "checkpoint.pth.tar")
+    state["state_dict"] = {k: v for k, v in state["state_dict"].items() if not k.endswith("num_batches_tracked")}
+    torch.save(state, tmp_path / "checkpoint.pth.tar")
+    argv, _ = apex_compat.translate(
+        ["-b", "8", "-j", "0", "--resume", str(tmp_path / "checkpoint.pth.tar"), str(data_root), *CPU], {}
+    )
+    converted = torch.load(legacy_checkpoint.convert(tmp_path / "checkpoint.pth.tar", argv), weights_only=True)
+    weights = converted["state_dict"]
+    assert torch.equal(weights["model.conv1.weight"], state["state_dict"]["module.conv1.weight"])
+    assert int(weights["model.bn1.num_batches_tracked"]) == 0
+
+
+def test_a_checkpoint_without_optimizer_state_is_said_to_start_momentum_at_zero(tmp_path: Path) -> None:
+    state = write_legacy(tmp_path / "checkpoint.pth.tar")
+    del state["optimizer"]
+    torch.save(state, tmp_path / "checkpoint.pth.tar")
+    _, notes = apex_compat.translate(["--resume", str(tmp_path / "checkpoint.pth.tar"), "./"], environ={})
+    assert any("holds no 'optimizer' entry, so SGD's momentum buffers start at zero" in note for note in notes)
+    _, notes = apex_compat.translate(["-e", "--resume", str(tmp_path / "checkpoint.pth.tar"), "./"], environ={})
+    assert not any("'optimizer'" in note for note in notes)  # an evaluation steps no optimizer
 
 
 def test_conversion_is_reused_and_other_ranks_wait(tmp_path: Path, data_root: Path) -> None:
@@ -699,6 +725,14 @@ def test_resume_variants(tmp_path: Path) -> None:
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pth.tar")
     with pytest.raises(apex_compat.MigrationError, match="neither a main_amp.py checkpoint"):
         apex_compat.translate(["--resume", str(tmp_path / "other.pth.tar"), "./"], environ={})
+    # A main_amp.py file short of a key says which, and what it holds.
+    state = write_legacy(tmp_path / "noepoch.pth.tar")
+    del state["epoch"]
+    torch.save(state, tmp_path / "noepoch.pth.tar")
+    with pytest.raises(apex_compat.MigrationError, match=re.escape(
+        "nor a Lightning checkpoint: missing ['epoch']; its keys: ['arch', 'best_prec1', 'optimizer', 'state_dict']"
+    )):  # fmt: skip
+        apex_compat.translate(["--resume", str(tmp_path / "noepoch.pth.tar"), "./"], environ={})
     # A save cut short (main_amp.py saved in place) is said as such, not as a file of the wrong format.
     write_legacy(tmp_path / "whole.pth.tar")
     whole = (tmp_path / "whole.pth.tar").read_bytes()

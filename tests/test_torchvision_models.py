@@ -3,6 +3,7 @@ misfit of a weights file said in one line."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -50,10 +51,14 @@ def test_weights_of_a_ddp_or_wrapped_checkpoint(resnet18_weights: tuple[Path, di
     assert torch.equal(model.fc.weight, state["fc.weight"])
 
 
-def test_1000_class_weights_into_a_10_class_model_keep_the_body(resnet18_weights: tuple[Path, dict]) -> None:
+def test_1000_class_weights_into_a_10_class_model_keep_the_body(resnet18_weights: tuple[Path, dict], caplog) -> None:
     path, state = resnet18_weights
     torch.manual_seed(0)
-    model = build_model("resnet18", 10, str(path))
+    with caplog.at_level(logging.INFO):
+        model = build_model("resnet18", 10, str(path))
+    # Said: main_amp.py's -e --pretrained on a 10-class folder scored this untrained head without a word.
+    assert f"model.weights: {path} was trained for 1000 classes and data.root has 10: its body is loaded, and its " \
+        "head (fc.bias, fc.weight) starts freshly initialized" in caplog.text  # fmt: skip
     assert model.fc.weight.shape == (10, 512) and model.fc.bias.shape == (10,)
     for key, value in model.state_dict().items():
         if not key.startswith("fc."):
