@@ -140,6 +140,16 @@ def run_train():
     return _run_train
 
 
+@pytest.fixture(scope="module")
+def main():
+    """``train.main`` with the process arguments of ``python train.py`` (not pytest's)."""
+    import train
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", [str(REPO / "train.py")])
+        yield train.main
+
+
 @pytest.fixture
 def refused(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
     """``refused(argv)``: runs ``train.main(argv)`` as ``python train.py`` would, expects it refused as the parser's own
