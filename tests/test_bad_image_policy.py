@@ -113,10 +113,9 @@ def test_skip_policy_in_evaluation_keeps_the_batch_size_and_scores_the_replaceme
 def test_skip_policy_gives_up_on_a_run_of_bad_files(folder_with_bad: tuple[Path, list[str]]) -> None:
     root, _ = folder_with_bad
     dataset = BadImagePolicy(tagged_folder(root), on_bad_image="skip", max_consecutive=1)
-    assert dataset[3][1] == 4
-    for i in (4, 5):  # make 3, 4, 5 a run of three bad files
-        Path(dataset.samples[i][0]).write_bytes(b"")
-    with pytest.raises(BadImageError, match="bad images in a row from index 3"):
+    assert dataset[3][1] == 4  # one bad file: replaced
+    Path(dataset.samples[4][0]).write_bytes(b"")  # 3 and 4: a run of two, one more than max_consecutive
+    with pytest.raises(BadImageError, match="^2 bad images in a row from index 3 on"):
         dataset[3]
 
 

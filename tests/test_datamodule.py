@@ -169,6 +169,19 @@ def test_an_eval_fraction_that_leaves_a_rank_no_batch_is_refused_on_every_rank(s
     dm.trainer = fake_trainer(world_size=7, rank=6)
     dm.trainer.limit_val_batches, dm.trainer.limit_test_batches = 1.0, 2  # the whole split; a number of batches
     dm.setup("validate")
+    # 5 ranks: shards of 12 images, a full batch of 8 and a partial one of 4, which Lightning counts: 0.5 takes 1.
+    dm = small_dm(shapes_root, batch_size=8)
+    dm.trainer = fake_trainer(world_size=5, rank=4)
+    dm.trainer.limit_val_batches = 0.5
+    dm.setup("validate")
+
+
+def test_the_training_shards_are_even_and_disjoint_without_padding() -> None:
+    # 240 images on 7 ranks: 34 each (238), the last 2 dropped. Padded, a rank would train on another's images twice.
+    shards = [list(TrainSampler(list(range(240)), 7, rank, seed=0, batch_size=4)) for rank in range(7)]
+    assert {len(shard) for shard in shards} == {34}
+    every = [int(i) for shard in shards for i in shard]
+    assert len(set(every)) == len(every) == 238
 
 
 def test_a_train_split_without_one_batch_per_rank_is_refused_naming_the_folder(shapes_root: Path) -> None:

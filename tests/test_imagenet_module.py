@@ -131,7 +131,9 @@ def mocked_trainer(
     )
 
 
-@pytest.mark.parametrize(("world", "accumulate"), [(1, 1), (4, 1), (8, 2), (3, 5)])
+# (2, 3) and (1, 4): 10 batches make 4 and 3 optimizer steps an epoch, the last of them partial (Lightning steps
+# at an epoch's end), so the schedule's epochs are ceil(10 / accumulate) steps long.
+@pytest.mark.parametrize(("world", "accumulate"), [(1, 1), (4, 1), (8, 2), (3, 5), (2, 3), (1, 4)])
 def test_base_lr_scales_with_the_global_batch(world: int, accumulate: int) -> None:
     model = ImageNetClassifier(arch="resnet18", num_classes=10, lr=0.1, batch_size=32, warmup_epochs=5)
     model._trainer = mocked_trainer(world, accumulate, batches=10)

@@ -51,11 +51,12 @@ def uint8_loader(length: int = 20, batch_size: int = 4, **kwargs: object) -> Dat
 
 def test_cpu_fallback_yields_normalized_float32_batches() -> None:
     batches = uint8_batches()
+    before = [(images.clone(), targets.clone()) for images, targets in batches]
     prefetcher = DevicePrefetcher(batches, "cpu")
     assert prefetcher.stream is None and not prefetcher.is_cuda
     out = list(prefetcher)
     assert len(out) == len(batches)
-    for (images, targets), (raw_images, raw_targets) in zip(out, batches, strict=True):
+    for (images, targets), (raw_images, raw_targets) in zip(out, before, strict=True):
         assert images.dtype == torch.float32 and images.device.type == "cpu"
         assert images.shape == raw_images.shape
         assert images.is_contiguous()
@@ -65,7 +66,8 @@ def test_cpu_fallback_yields_normalized_float32_batches() -> None:
         assert targets.dtype == torch.int64
         assert torch.equal(targets, raw_targets)
     # The input batches are not modified in place.
-    assert all(b[0].dtype == torch.uint8 for b in batches)
+    for (images, targets), (raw_images, raw_targets) in zip(batches, before, strict=True):
+        assert torch.equal(images, raw_images) and torch.equal(targets, raw_targets)
 
 
 def test_default_statistics_are_imagenet_on_the_255_scale() -> None:

@@ -611,6 +611,17 @@ def test_a_resume_past_the_last_windows_start_with_exit_after_is_refused_before_
     ProfilerWindow(start_step=[1, 20]).on_train_start(resumed, None)  # the last window is still ahead
 
 
+def test_a_window_ending_on_the_runs_last_step_is_not_said_to_be_cut_short():
+    window = ProfilerWindow(start_step=2, num_steps=3)  # steps 2..4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        window.on_train_start(SimpleNamespace(global_step=0, estimated_stepping_batches=5), None)  # steps 0..4
+    with pytest.warns(UserWarning, match=r"window at steps 2\.\.4 is cut short at the last step 3"):
+        ProfilerWindow(start_step=2, num_steps=3).on_train_start(
+            SimpleNamespace(global_step=0, estimated_stepping_batches=4), None
+        )
+
+
 def test_rank_beyond_world_size_fails_at_setup(tmp_path, recorder):
     with pytest.raises(ValueError, match=r"valid ranks are 0\.\.0"):
         fit(tmp_path, ProfilerWindow(start_step=1, ranks=[1]), max_steps=3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -87,10 +88,13 @@ class _StopAtBatch(Callback):
 
 
 def _fit_with_last(
-    folder: Path, ckpt: Path | None, *callbacks: Callback, **options: object
+    folder: Path, ckpt: Path | None, *callbacks: Callback, every_n_epochs: int = 1, **options: object
 ) -> tuple[pl.Trainer, _Saves]:
-    """A fit with ``last.ckpt`` as train.py's last_checkpoint: no every_n_*, so it saves at epoch ends only."""
-    last = ResumableCheckpoint(dirpath=folder, filename="last", monitor=None, enable_version_counter=False)
+    """A fit with ``last.ckpt`` as train.py's last_checkpoint: no every_n_train_steps, so it saves at epoch ends only
+    (every ``every_n_epochs``-th)."""
+    last = ResumableCheckpoint(
+        dirpath=folder, filename="last", monitor=None, enable_version_counter=False, every_n_epochs=every_n_epochs
+    )
     saves = _Saves()
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -116,6 +120,14 @@ def test_last_is_saved_at_every_epoch_end_also_between_validations(tmp_path: Pat
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 3 * BATCHES
     resumed, _ = _fit_with_last(tmp_path, tmp_path / "last.ckpt", limit_train_batches=BATCHES, max_epochs=4)
     assert resumed.global_step == 4 * BATCHES  # the epoch end resumes as one: the next epoch, whole
+
+
+def test_last_every_n_epochs_is_saved_at_those_epoch_ends_between_validations(tmp_path: Path) -> None:
+    # Every 2nd epoch of 4, validation at the 3rd only: the 2nd and the 4th end unvalidated and are saved here.
+    _, saves = _fit_with_last(
+        tmp_path, None, every_n_epochs=2, limit_train_batches=BATCHES, max_epochs=4, check_val_every_n_epoch=3
+    )
+    assert saves.saves == [(BATCHES * epoch, BATCHES) for epoch in (2, 4)]
 
 
 class _StopAt(Callback):
@@ -258,6 +270,43 @@ def test_a_bad_image_saves_the_step_it_stopped_at_and_the_fixed_run_goes_on_from
     cli = train.main(["fit", *job, "--trainer.max_steps", str(steps_per_epoch), *counting,
                       "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt")])  # fmt: skip
     assert cli.trainer.global_step == steps_per_epoch and BatchCount.batches == steps_per_epoch - reached
+
+
+@pytest.mark.parametrize(("bad_batch", "saved_step"), [(3, None), (4, 2)])
+def test_a_bad_image_inside_an_accumulated_step_saves_nothing(
+    shapes_root, tmp_path, tiny_args, monkeypatch, bad_batch, saved_step
+):
+    """Batches of 2 accumulated: a bad file in batch 3 stops the fit after batch 2, the first half of step 1, whose
+    gradients a save would lose (a resume would redo the step from batch 3 alone); in batch 4 it stops at the end of
+    step 1, which is saved as global step 2."""
+    import shutil
+    import sys
+
+    import train
+    from datamodule import TrainSampler
+    from image_folder import VisibleImageFolder
+    from image_loading import BadImageError
+
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    files = [path for path, _ in VisibleImageFolder(str(root / "train")).samples]
+    order = TrainSampler(files, 1, 0, seed=0, batch_size=16)
+    order.set_epoch(0)
+    victim = Path(files[list(order)[16 * bad_batch + 5]])  # the data seed's (0) order of epoch 0
+    victim.write_bytes(b"not a JPEG")
+    monkeypatch.setattr(sys, "argv", [str(Path(train.__file__))])
+    job = tiny_args(root, tmp_path, trainer__limit_val_batches=0, last_checkpoint__dirpath=tmp_path / "ckpt",
+                    trainer__accumulate_grad_batches=2, trainer__max_steps=7)  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(BadImageError, match=victim.name):
+        warnings.simplefilter("always")
+        train.main(["fit", *job])
+    said = [str(w.message) for w in caught if str(w.message).startswith("bad image: saved")]
+    if saved_step is None:
+        assert not said and not (tmp_path / "ckpt" / "last.ckpt").exists()
+    else:
+        assert len(said) == 1 and f"at step {saved_step};" in said[0]
+        saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False, map_location="cpu")
+        assert saved["global_step"] == saved_step
 
 
 def test_a_bad_image_in_validation_saves_nothing(shapes_root, tmp_path, tiny_args, monkeypatch):

@@ -284,6 +284,17 @@ def test_verdict_host_bound_from_an_exact_busy_fraction():
     assert line.startswith("copies not measured (the loader is not a DevicePrefetcher: use profile.torch_profiler)")
 
 
+def test_the_gpus_busy_fraction_of_several_ranks_is_their_mean():
+    # Rank 1's GPU idles half the window: the job's busy fraction is the ranks' mean, 72.5%, and so host-bound
+    # (the busiest rank alone, 95%, would hide it).
+    ranks = [rank_summary(rank=0, busy=0.95), rank_summary(rank=1, busy=0.5)]
+    for summary in ranks:
+        summary["gpu_busy_source"] = "kineto"
+    report = build_report(ranks)
+    assert report["overall"]["gpu_busy"] == 0.725
+    assert "host-bound: the GPU is busy 72.5% of the window" in report["verdict"]
+
+
 @pytest.mark.parametrize(
     ("compile", "tuning", "lever"),
     [
