@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import atomic_files
-from atomic_files import STALE_AFTER_S, atomic_write, remove_stale_temporaries
+from atomic_files import STALE_AFTER_S, atomic_write, remove_stale_temporaries, temporary_name
 
 
 def temp_files(folder: Path) -> list[Path]:
@@ -68,3 +68,18 @@ def test_stale_temporaries_of_a_long_name_are_found_whatever_their_pids_length(t
         os.utime(left[-1], (old, old))
     assert sorted(remove_stale_temporaries(path)) == sorted(left)
     assert temp_files(tmp_path) == []
+
+
+def test_stale_temporaries_of_a_long_non_ascii_name_are_found_and_another_targets_kept(tmp_path: Path) -> None:
+    # 120 two-byte characters: the shortened name is cut inside a character, which is left out (254 bytes, not 255).
+    path, other = tmp_path / ("é" * 120 + ".ckpt"), tmp_path / ("ê" * 120 + ".ckpt")
+    old = time.time() - STALE_AFTER_S - 1
+    pid = next(pid for pid in range(999, 99, -1) if not Path(f"/proc/{pid}").exists())  # three digits: an odd room
+    made = []
+    for target in (path, other):
+        made.append(tmp_path / temporary_name(target.name, tmp_path, f".{pid}.0badc0de.tmp"))
+        made[-1].write_bytes(b"part")
+        os.utime(made[-1], (old, old))
+    assert len(os.fsencode(made[0].name)) == 254
+    assert remove_stale_temporaries(path) == [made[0]]  # the other target's stays for its own next save
+    assert temp_files(tmp_path) == [made[1]]
