@@ -322,7 +322,7 @@ def test_resume_continues_step_epoch_and_lr_schedule(shapes_root: Path, tmp_path
     assert resumed_cli.trainer.current_epoch == 3
 
 
-@pytest.mark.parametrize("stop", ["epoch_end", "mid_epoch"])
+@pytest.mark.parametrize("stop", ["epoch_end", "mid_epoch", "mid_epoch_accumulated"])
 def test_resume_in_other_units_keeps_the_lr_recipe_on_its_epochs(
     stop: str, shapes_root: Path, tmp_path: Path, tiny_args, main
 ) -> None:
@@ -343,15 +343,22 @@ def test_resume_in_other_units_keeps_the_lr_recipe_on_its_epochs(
         return cli, find(cli, LRLog)
 
     first_args = ["--data.batch_size", "8", "--trainer.limit_train_batches", "4", "--trainer.max_epochs", "2"]
-    if stop == "mid_epoch":
+    if stop != "epoch_end":
         first_args += ["--trainer.max_steps", "6"]  # epoch 1 after 2 of its 4 steps
     first_cli, _ = fit("first", *first_args)
     last = last_ckpt(first_cli)
     saved = torch.load(last, map_location="cpu", weights_only=True)
     assert saved["lr_schedule_units"] == {"steps_per_epoch": 4, "global_batch": 8}
+    # The global batch of 16 as one batch, or as two of 8 accumulated (12 batches, 6 steps an epoch either way).
+    batches = ["--data.batch_size", "16", "--trainer.limit_train_batches", "6"]
+    if stop == "mid_epoch_accumulated":
+        batches = ["--data.batch_size", "8", "--trainer.accumulate_grad_batches", "2", "--trainer.limit_train_batches",
+                   "12"]  # fmt: skip
     resumed_cli, resumed = fit(
         "resumed",
-        *["--data.batch_size", "16", "--trainer.limit_train_batches", "6", "--trainer.max_epochs", "4"],
+        *batches,
+        "--trainer.max_epochs",
+        "4",
         *["--model.lr", "0.2", "--model.weight_decay", "0.001", "--ckpt_path", str(last)],
     )
     base, spe = 0.2 * 16 / 256, 6
@@ -360,11 +367,16 @@ def test_resume_in_other_units_keeps_the_lr_recipe_on_its_epochs(
     if stop == "epoch_end":
         positions = list(range(2 * spe, 4 * spe))  # epochs 2 and 3, whole
         assert epochs == [2] * spe + [3] * spe
-    else:
+    elif stop == "mid_epoch":
         # The rest of epoch 1 from batch 2: 4 steps, counted back from the epoch's end (positions 8-11 of 12 warmup
         # steps: 9/12, 10/12, 11/12, 1), then epochs 2 and 3.
         positions = list(range(spe + 2, 4 * spe))
         assert epochs == [1] * 4 + [2] * spe + [3] * spe
+    else:
+        # 16 of epoch 1's images done are 2 of its 12 batches of 8: 10 batches left, 5 steps of 2, counted back from
+        # the epoch's end (positions 7-11), then epochs 2 and 3.
+        positions = list(range(spe + 1, 4 * spe))
+        assert epochs == [1] * 5 + [2] * spe + [3] * spe
     expected = [base * lr_multiplier(p, spe, 2, "step", [3], 0.1, 4) for p in positions]
     assert [resumed.lr[step] for step in steps] == pytest.approx(expected)
     # The run's last checkpoint is on its epochs' schedule: a later resume in these units goes on from there.
