@@ -145,7 +145,8 @@ def _check_training_options(config: Any) -> None:
         raise ConfigError(f"trainer.accumulate_grad_batches must be >= 1 (1: a step per batch), got {accumulate}")
     # Both divide by their value: a ZeroDivisionError after the first step or in the sanity check.
     interval = trainer.get("val_check_interval")
-    if interval is not None and not interval > 0:
+    # A number of batches or a fraction; a time ("00:00:10:00", {minutes: 10}) is Lightning's to check.
+    if isinstance(interval, int | float) and not isinstance(interval, bool) and not interval > 0:
         raise ConfigError(
             f"trainer.val_check_interval must be > 0 (an int: every N batches; a float: that fraction of an "
             f"epoch), got {interval}; to validate less often, trainer.check_val_every_n_epoch"

@@ -111,9 +111,9 @@ class ProfilerWindow(Callback):
         exit_after: After the last window every rank stops at the same step, skips the validation (and its
             checkpoint) that would follow, and the process exits 0; ``last.ckpt`` is saved at that step, and a run
             resumed from it trains the rest of the epoch. At an epoch's last step the epoch's own validation and
-            checkpoints still run (after the capture), so it ends as any epoch does. Not while
-            ``trainer.min_steps``/``min_epochs`` keep the run going (a warning says so); a resumed run past the last
-            window's start is refused before its first step.
+            checkpoints still run (after the capture), so it ends as any epoch does. A
+            ``trainer.min_steps``/``min_epochs`` that would keep the run going, or a resumed run past the last
+            window's start, is refused before the first step (a warning where the epoch's length is not known).
         nvtx: NVTX ranges ``step N`` > ``data``/``forward``/``backward``/``optimizer`` around every step (not only
             inside the window; they cost well under 1% of a step).
         emit_nvtx: ``torch.autograd.profiler.emit_nvtx`` inside the window: one NVTX range per autograd op (large
@@ -269,7 +269,9 @@ class ProfilerWindow(Callback):
             raise ValueError(
                 f"profile.exit_after: {keeps_going} keeps the run going past the last window (steps {last_start}.."
                 f"{last_end - 1}), and Lightning ignores a stop before it: this profiling job would train on to its "
-                "end instead of stopping there. Lower it, or --profile.exit_after false to train on with it"
+                "end instead of stopping there. Lower it (Lightning makes trainer.min_epochs 1 when only "
+                "trainer.min_steps is given: --trainer.min_epochs 0 then), or --profile.exit_after false to train "
+                "on with it"
             )
         # Only for a known total: a loader without a length gives max_steps there (-1 when unset).
         if 0 <= total < math.inf and all(start >= total for start, _ in self.windows):
@@ -643,8 +645,8 @@ def _a_window_that_fits(first: int, length: int, total: float) -> str:
             "(trainer.max_steps/max_epochs) or shorten the window (--profile.num_steps)"
         )
     return (
-        f"Place the window at steps {first}..{int(total) - length} of this run's remaining {first}..{int(total) - 1} "
-        f"(e.g. --profile.start_step {min(first + 20, int(total) - length)})"
+        f"Start the window at a step in {first}..{int(total) - length}, so that its {length} steps fit in this run's "
+        f"remaining {first}..{int(total) - 1} (e.g. --profile.start_step {min(first + 20, int(total) - length)})"
     )
 
 
@@ -661,9 +663,8 @@ def _minimum_past(trainer: pl.Trainer, end: int) -> str | None:
         steps_per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
         epoch = (end - 1) // steps_per_epoch
         if epoch < min_epochs:
-            implied = " (Lightning's default once trainer.min_steps is set)" if min_steps and min_epochs == 1 else ""
             return (
-                f"trainer.min_epochs {min_epochs}{implied} (the last window ends in epoch {epoch}, of "
-                f"{steps_per_epoch} steps each)"
+                f"trainer.min_epochs {min_epochs} (the last window ends in epoch {epoch}, of {steps_per_epoch} "
+                "steps each)"
             )
     return None

@@ -730,9 +730,14 @@ def test_resume_variants(tmp_path: Path) -> None:
     del state["epoch"]
     torch.save(state, tmp_path / "noepoch.pth.tar")
     with pytest.raises(apex_compat.MigrationError, match=re.escape(
-        "nor a Lightning checkpoint: missing ['epoch']; its keys: ['arch', 'best_prec1', 'optimizer', 'state_dict']"
+        "nor a Lightning checkpoint: it lacks 'epoch'; its keys: ['arch', 'best_prec1', 'optimizer', 'state_dict']"
     )):  # fmt: skip
         apex_compat.translate(["--resume", str(tmp_path / "noepoch.pth.tar"), "./"], environ={})
+    torch.save({"epoch": 3, "state_dict": [1, 2]}, tmp_path / "other_dict.pth")
+    with pytest.raises(apex_compat.MigrationError, match=re.escape(
+        "it lacks 'state_dict' as a dict (it is a list), one of 'arch', 'optimizer', 'best_prec1'; its keys: "
+    )):  # fmt: skip
+        apex_compat.translate(["--resume", str(tmp_path / "other_dict.pth"), "./"], environ={})
     # A save cut short (main_amp.py saved in place) is said as such, not as a file of the wrong format.
     write_legacy(tmp_path / "whole.pth.tar")
     whole = (tmp_path / "whole.pth.tar").read_bytes()

@@ -169,3 +169,16 @@ def test_a_gpu_accelerator_without_a_gpu_is_refused_naming_the_fix(
         pytest.skip("this machine has a GPU")
     said = refused(["fit", *tiny_args(shapes_root, tmp_path, trainer__accelerator="gpu")])
     assert said.startswith("error: trainer.accelerator gpu needs a CUDA GPU") and "--trainer.accelerator cpu" in said
+
+
+@pytest.mark.parametrize("interval", ["00:00:00:01", "{minutes: 1}"])
+def test_a_validation_interval_in_time_is_lightnings_to_check(
+    interval: str, shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check of a number of batches (> 0) compared a time with 0: a TypeError before training.
+    real_cli = train.ImageNetCLI
+    monkeypatch.setattr(train, "ImageNetCLI", lambda *a, **k: real_cli(*a, args=k.pop("args")[1:], run=False, **k))
+    cli = main(["fit", *tiny_args(shapes_root, tmp_path), "--trainer.val_check_interval", interval,
+                "--trainer.check_val_every_n_epoch", "null"])  # fmt: skip
+    assert isinstance(cli.trainer, pl.Trainer)  # built, not refused
+    assert cli.config.trainer.val_check_interval in ("00:00:00:01", {"minutes": 1})

@@ -523,9 +523,13 @@ def test_exit_after_under_min_steps_or_min_epochs_is_refused_before_training(tmp
         "trainer.min_epochs 1 (the last window ends in epoch 0, of 4 steps each) keeps the run going"
     )):  # fmt: skip
         fit(tmp_path, ProfilerWindow(**window), max_steps=8, min_epochs=1, train_steps=4)
-    # Lightning makes min_epochs 1 once min_steps is set: met at step 3 of 4 an epoch, that still keeps it going.
+    # Lightning makes min_epochs 1 once min_steps is set: met at step 3 of 4 an epoch, that still keeps it going, and
+    # lowering min_steps would not help.
     with pytest.raises(ValueError, match=re.escape(
-        "trainer.min_epochs 1 (Lightning's default once trainer.min_steps is set) (the last window ends in epoch 0"
+        "trainer.min_epochs 1 (the last window ends in epoch 0, of 4 steps each) keeps the run going past the last "
+        "window (steps 1..2), and Lightning ignores a stop before it: this profiling job would train on to its end "
+        "instead of stopping there. Lower it (Lightning makes trainer.min_epochs 1 when only trainer.min_steps is "
+        "given: --trainer.min_epochs 0 then)"
     )):  # fmt: skip
         fit(tmp_path, ProfilerWindow(**window), max_steps=8, min_steps=3, train_steps=4)
     # Met at the stop: min_steps at the step it stops at, min_epochs by the epochs before the window's (4 batches of 2
@@ -597,8 +601,16 @@ def test_a_resume_past_the_last_windows_start_with_exit_after_is_refused_before_
         ProfilerWindow(start_step=3).on_train_start(resumed, None)
     # The window it suggests fits in the run (it said step 25 also where the run ends before it).
     for total, advice in [
-        (100, "Place the window at steps 5..90 of this run's remaining 5..99 (e.g. --profile.start_step 25)"),
-        (30, "Place the window at steps 5..20 of this run's remaining 5..29 (e.g. --profile.start_step 20)"),
+        (
+            100,
+            "Start the window at a step in 5..90, so that its 10 steps fit in this run's remaining 5..99 (e.g. "
+            "--profile.start_step 25)",
+        ),
+        (
+            30,
+            "Start the window at a step in 5..20, so that its 10 steps fit in this run's remaining 5..29 (e.g. "
+            "--profile.start_step 20)",
+        ),
         (12, "This run has steps 5..11 left, fewer than the window's 10: train longer"),
         (-1, "Place the window at or after step 5 (e.g. --profile.start_step 25)"),
     ]:
