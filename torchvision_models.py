@@ -136,7 +136,7 @@ def _load_weights(model: torch.nn.Module, arch: str, num_classes: int, path: Pat
 
         saved_classes = next(state[k].shape[0] for k in sorted(head & misshaped))
         rank_zero_info(
-            f"model.weights: {path} was trained for {saved_classes} classes and data.root has {num_classes}: its "
+            f"model.weights: {path} was trained for {saved_classes} classes and this run has {num_classes}: its "
             f"body is loaded, and its head ({', '.join(sorted(head))}) starts freshly initialized (a fine-tuning; an "
             "evaluation scores that untrained head)"
         )

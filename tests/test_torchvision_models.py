@@ -57,7 +57,7 @@ def test_1000_class_weights_into_a_10_class_model_keep_the_body(resnet18_weights
     with caplog.at_level(logging.INFO):
         model = build_model("resnet18", 10, str(path))
     # Said: main_amp.py's -e --pretrained on a 10-class folder scored this untrained head without a word.
-    assert f"model.weights: {path} was trained for 1000 classes and data.root has 10: its body is loaded, and its " \
+    assert f"model.weights: {path} was trained for 1000 classes and this run has 10: its body is loaded, and its " \
         "head (fc.bias, fc.weight) starts freshly initialized" in caplog.text  # fmt: skip
     assert model.fc.weight.shape == (10, 512) and model.fc.bias.shape == (10,)
     for key, value in model.state_dict().items():
