@@ -150,6 +150,27 @@ def main():
         yield train.main
 
 
+@pytest.fixture(scope="module")
+def built(main):
+    """``built(argv)``: ``train.main(argv)`` with the CLI's classes built and no subcommand run (LightningCLI's
+    ``run=False``, which takes no subcommand word: main's is dropped); returns the CLI."""
+    import train
+
+    real_cli = train.ImageNetCLI
+
+    def instantiate_only(*args: object, **kwargs: object):
+        cli_args = kwargs.pop("args")
+        assert cli_args[0] == "fit"  # main prepends the default subcommand
+        return real_cli(*args, args=cli_args[1:], run=False, **kwargs)
+
+    def build(argv: list[str]):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(train, "ImageNetCLI", instantiate_only)
+            return main(argv)
+
+    return build
+
+
 @pytest.fixture
 def refused(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
     """``refused(argv)``: runs ``train.main(argv)`` as ``python train.py`` would, expects it refused as the parser's own

@@ -126,30 +126,26 @@ def test_validate_refuses_checkpoint_options_lightning_would_refuse_in_a_traceba
 
 
 def test_a_data_root_under_home_is_the_home_folders(
-    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, main
+    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built
 ) -> None:
     # The generated dataset was drawn into ./~/..., a folder's ~/... did not exist.
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "shapes").symlink_to(shapes_root)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
-    real_cli = train.ImageNetCLI
-    monkeypatch.setattr(train, "ImageNetCLI", lambda *a, **k: real_cli(*a, args=k.pop("args")[1:], run=False, **k))
-    cli = main(["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", "~/shapes",
+    cli = built(["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", "~/shapes",
                 "--trainer.accelerator", "cpu"])  # fmt: skip
     assert cli.datamodule.root == tmp_path / "home" / "shapes"
     assert cli.config.data.root == str(tmp_path / "home" / "shapes")  # the saved config.yaml's too
 
 
 def test_a_monitor_a_callback_of_the_users_may_log_is_a_warning(
-    shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch: pytest.MonkeyPatch
+    shapes_root: Path, tmp_path: Path, tiny_args, built
 ) -> None:
-    real_cli = train.ImageNetCLI
-    monkeypatch.setattr(train, "ImageNetCLI", lambda *a, **k: real_cli(*a, args=k.pop("args")[1:], run=False, **k))
     args = [*tiny_args(shapes_root, tmp_path), "--checkpoint.monitor", "lr-SGD", "--trainer.callbacks",
             "LearningRateMonitor"]  # fmt: skip
     with pytest.warns(UserWarning, match="checkpoint.monitor names 'lr-SGD'.*fine if a callback of trainer.callbacks"):
-        main(["fit", *args])
+        built(["fit", *args])
 
 
 def test_a_complete_generated_dataset_is_only_read_and_need_not_be_writable(
@@ -173,12 +169,10 @@ def test_a_gpu_accelerator_without_a_gpu_is_refused_naming_the_fix(
 
 @pytest.mark.parametrize("interval", ["00:00:00:01", "{minutes: 1}"])
 def test_a_validation_interval_in_time_is_lightnings_to_check(
-    interval: str, shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch: pytest.MonkeyPatch
+    interval: str, shapes_root: Path, tmp_path: Path, tiny_args, built
 ) -> None:
     # The check of a number of batches (> 0) compared a time with 0: a TypeError before training.
-    real_cli = train.ImageNetCLI
-    monkeypatch.setattr(train, "ImageNetCLI", lambda *a, **k: real_cli(*a, args=k.pop("args")[1:], run=False, **k))
-    cli = main(["fit", *tiny_args(shapes_root, tmp_path), "--trainer.val_check_interval", interval,
+    cli = built(["fit", *tiny_args(shapes_root, tmp_path), "--trainer.val_check_interval", interval,
                 "--trainer.check_val_every_n_epoch", "null"])  # fmt: skip
     assert isinstance(cli.trainer, pl.Trainer)  # built, not refused
     assert cli.config.trainer.val_check_interval in ("00:00:00:01", {"minutes": 1})

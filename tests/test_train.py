@@ -67,7 +67,7 @@ def test_there_are_configs() -> None:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_config_instantiates(
-    config: Path, shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, main
+    config: Path, shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built
 ) -> None:
     monkeypatch.chdir(tmp_path)  # relative paths of the config resolve (and would write) here
     raw = yaml.safe_load(config.read_text())
@@ -81,15 +81,7 @@ def test_config_instantiates(
             overrides += ["--trainer.precision", "bf16-mixed"]
     overridden = {arg[2:] for arg in overrides if arg.startswith("--")}
 
-    real_cli = train.ImageNetCLI
-
-    def instantiate_only(*args: object, **kwargs: object) -> train.ImageNetCLI:
-        cli_args = kwargs.pop("args")
-        assert cli_args[0] == "fit"  # main prepends the default subcommand
-        return real_cli(*args, args=cli_args[1:], run=False, **kwargs)
-
-    monkeypatch.setattr(train, "ImageNetCLI", instantiate_only)
-    cli = main(["--config", str(config), *overrides])
+    cli = built(["--config", str(config), *overrides])
 
     assert isinstance(cli.model, ImageNetClassifier)
     assert isinstance(cli.datamodule, ImageNetDataModule)
@@ -111,16 +103,14 @@ def test_config_instantiates(
 
 
 def test_ddp_options_reach_the_strategy_s_ddp_keyword_arguments(
-    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, main
+    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built
 ) -> None:
     """README: ``--trainer.strategy DDPStrategy --trainer.strategy.gradient_as_bucket_view true`` (DDPStrategy passes
     its extra keyword arguments to torch's DistributedDataParallel)."""
     from pytorch_lightning.strategies import DDPStrategy
 
     monkeypatch.chdir(tmp_path)
-    real_cli = train.ImageNetCLI
-    monkeypatch.setattr(train, "ImageNetCLI", lambda *a, **k: real_cli(*a, args=k.pop("args")[1:], run=False, **k))
-    cli = main(["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(shapes_root),
+    cli = built(["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(shapes_root),
                 "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "DDPStrategy",
                 "--trainer.strategy.gradient_as_bucket_view", "true", "--trainer.strategy.static_graph", "true",
                 "--trainer.strategy.bucket_cap_mb", "50"])  # fmt: skip
@@ -147,18 +137,16 @@ def test_ddp_options_reach_the_strategy_s_ddp_keyword_arguments(
     ],
 )  # fmt: skip
 def test_a_batch_limit_of_1_means_one_batch(
-    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, main, in_file, on_the_command_line, expected
+    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built, in_file, on_the_command_line, expected
 ) -> None:
     """Lightning: an int limit counts batches, a float is a fraction; its ``float | int`` annotation made the parser
     read ``1`` as ``1.0`` (every batch)."""
     monkeypatch.chdir(tmp_path)
-    real_cli = train.ImageNetCLI
-    monkeypatch.setattr(train, "ImageNetCLI", lambda *a, **k: real_cli(*a, args=k.pop("args")[1:], run=False, **k))
     extra = []
     if in_file is not None:
         (tmp_path / "limits.yaml").write_text("trainer:\n" + "".join(f"  {line}\n" for line in in_file.splitlines()))
         extra = ["--config", str(tmp_path / "limits.yaml")]
-    cli = main(["--config", str(REPO / "configs" / "quickstart.yaml"), *extra, "--data.root", str(shapes_root),
+    cli = built(["--config", str(REPO / "configs" / "quickstart.yaml"), *extra, "--data.root", str(shapes_root),
                 "--trainer.accelerator", "cpu", *on_the_command_line])  # fmt: skip
     for key, value in expected.items():
         limit = getattr(cli.trainer, key)
@@ -166,7 +154,7 @@ def test_a_batch_limit_of_1_means_one_batch(
 
 
 def test_a_batch_limit_of_1_stays_one_batch_in_a_trainer_file_the_saved_config_and_print_config(
-    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, main, capsys
+    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built, main, capsys
 ) -> None:
     """The limits were made ints again from what the command line and the config files wrote, which missed a trainer
     section given as a file inside a config file; and the saved config.yaml said 1.0, so a rerun from it trained
@@ -176,14 +164,11 @@ def test_a_batch_limit_of_1_stays_one_batch_in_a_trainer_file_the_saved_config_a
     (tmp_path / "main.yaml").write_text(f"trainer: {tmp_path / 'trainer.yaml'}\n")
     args = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(tmp_path / "main.yaml"),
             "--data.root", str(shapes_root), "--trainer.accelerator", "cpu"]  # fmt: skip
-    real_cli = train.ImageNetCLI
-    monkeypatch.setattr(train, "ImageNetCLI", lambda *a, **k: real_cli(*a, args=k.pop("args")[1:], run=False, **k))
-    cli = main(args)
+    cli = built(args)
     assert (cli.trainer.limit_train_batches, cli.trainer.limit_val_batches) == (1, 0.5)
     assert type(cli.trainer.limit_train_batches) is int
     saved = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))  # what SaveConfigCallback writes
     assert saved["trainer"]["limit_train_batches"] == 1 and type(saved["trainer"]["limit_train_batches"]) is int
-    monkeypatch.setattr(train, "ImageNetCLI", real_cli)
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["fit", *args, "--print_config"])
