@@ -518,12 +518,8 @@ def _resume(args: argparse.Namespace, translation: Translation, arch_typed: bool
             ) from None
         if isinstance(raw, Mapping):
             keys = sorted(map(str, raw))
-            lacks = [f"'{key}'" for key in ("epoch", "state_dict") if key not in raw]
-            if "state_dict" in raw and not isinstance(raw["state_dict"], Mapping):
-                lacks.append(f"'state_dict' as a dict (it is a {type(raw['state_dict']).__name__})")
-            if not any(key in raw for key in ("arch", "optimizer", "best_prec1")):
-                lacks.append("one of 'arch', 'optimizer', 'best_prec1'")
-            holds = f"it lacks {', '.join(lacks)}; its keys: {keys[:10]}{' ...' if len(keys) > 10 else ''}"
+            lacks = ", ".join(legacy_checkpoint.legacy_parts_missing(raw))
+            holds = f"it lacks {lacks}; its keys: {keys[:10]}{' ...' if len(keys) > 10 else ''}"
         else:
             holds = f"it holds a {type(raw).__name__}"
         raise MigrationError(

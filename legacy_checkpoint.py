@@ -122,14 +122,18 @@ def load_raw(path: str | os.PathLike) -> Any:
     return _torch_load(Path(path), lazy=True)
 
 
+def legacy_parts_missing(obj: Mapping) -> list[str]:
+    """What the dict ``obj`` lacks to be a main_amp.py checkpoint, said for a message (empty: nothing)."""
+    lacks = [f"'{key}'" for key in ("epoch", "state_dict") if key not in obj]
+    if "state_dict" in obj and not isinstance(obj["state_dict"], Mapping):
+        lacks.append(f"'state_dict' as a dict (it is a {type(obj['state_dict']).__name__})")
+    if not any(key in obj for key in ("arch", "optimizer", "best_prec1")):
+        lacks.append("one of 'arch', 'optimizer', 'best_prec1'")
+    return lacks
+
+
 def _looks_legacy(obj: Any) -> bool:
-    return (
-        isinstance(obj, Mapping)
-        and "pytorch-lightning_version" not in obj
-        and isinstance(obj.get("state_dict"), Mapping)
-        and "epoch" in obj
-        and any(key in obj for key in ("arch", "optimizer", "best_prec1"))
-    )
+    return isinstance(obj, Mapping) and "pytorch-lightning_version" not in obj and not legacy_parts_missing(obj)
 
 
 def is_legacy_checkpoint(path: str | os.PathLike) -> bool:
