@@ -159,10 +159,7 @@ def _check_training_options(config: Any) -> None:
         )
     max_time = trainer.get("max_time")
     if max_time is not None:
-        try:
-            limit = Timer(duration=max_time)._duration
-        except (MisconfigurationException, TypeError, ValueError):
-            limit = None  # Lightning says what is wrong with it when it builds the trainer
+        limit = max_time_seconds(max_time)
         if limit is not None and limit <= 0:
             raise ConfigError(
                 f"trainer.max_time must be more than 0 (DD:HH:MM:SS, or {{minutes: N}}), got {max_time}: nothing "
@@ -192,6 +189,15 @@ def _check_training_options(config: Any) -> None:
             if not theirs:
                 raise ConfigError(said)
             rank_zero_warn(said + "; fine if a callback of trainer.callbacks logs it")
+
+
+def max_time_seconds(max_time: Any) -> float | None:
+    """``trainer.max_time`` (``DD:HH:MM:SS``, a dict of timedelta's keys, a timedelta) in seconds, as Lightning's Timer
+    reads it; ``None`` for a value it refuses (Lightning says what is wrong with it when it builds the trainer)."""
+    try:
+        return Timer(duration=max_time)._duration
+    except (MisconfigurationException, TypeError, ValueError):
+        return None
 
 
 def _check_trainer(trainer: Any) -> None:

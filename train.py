@@ -28,7 +28,6 @@ import pytorch_lightning as pl
 import torch
 import yaml
 from lightning_fabric.utilities.exceptions import MisconfigurationException
-from pytorch_lightning.callbacks import Timer
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.plugins.io import TorchCheckpointIO
@@ -210,10 +209,7 @@ class ImageNetCLI(LightningCLI):
         max_time = self.config["fit"].trainer.get("max_time")
         if max_time is None:
             return
-        try:
-            limit = Timer(duration=max_time)._duration
-        except (MisconfigurationException, TypeError, ValueError):
-            return  # Lightning says what is wrong with it when it builds the trainer
+        limit = config_checks.max_time_seconds(max_time)
         timer_state = next((v for k, v in checkpoint.get("callbacks", {}).items() if str(k).startswith("Timer")), {})
         elapsed = float(timer_state.get("time_elapsed", {}).get("train", 0.0) or 0.0)
         if limit is not None and elapsed >= limit:
