@@ -235,22 +235,26 @@ def _check_trainer(trainer: Any) -> None:
         )
 
 
+#: A ``{name}`` or ``{name:format}`` field of a ModelCheckpoint file name.
+_FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
+
+
 def _filename_format_problem(filename: str) -> str | None:
     """What fails when Lightning formats a checkpoint ``filename`` (its ``{name:format}`` fields: ints for epoch and
     step, float tensors for metrics), or ``None``. Found after the first epoch and its validation otherwise."""
-    fields = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
-    for match in fields.finditer(filename):
+    for match in _FIELD.finditer(filename):
         name, spec = match.group(1).strip(), match.group(2) or ""
         value = 0 if name in ("epoch", "step") else 0.5
         try:
             format(value, spec)
         except (ValueError, TypeError) as error:
             return f"{match.group(0)} cannot format {'an int' if isinstance(value, int) else 'a float'} ({error})"
-    if "{" in fields.sub("", filename) or "}" in fields.sub("", filename):
+    rest = _FIELD.sub("", filename)
+    if "{" in rest or "}" in rest:
         return "a { or } that opens or closes no {name} field"
     return None
 
 
 def _placeholders(filename: str) -> list[str]:
     """The metric names of a ``ModelCheckpoint`` file name's ``{name}`` and ``{name:format}`` fields."""
-    return [match.group(1).strip() for match in re.finditer(r"\{([^{}:]+)(?::[^{}]*)?\}", filename)]
+    return [match.group(1).strip() for match in _FIELD.finditer(filename)]
