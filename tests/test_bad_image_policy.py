@@ -283,3 +283,19 @@ def test_workers_fork_with_the_parents_objects_frozen_and_the_parent_unfrozen_af
         assert (counts > 0).all()  # nothing the worker inherited is collected there
     else:
         assert (counts == 0).all()  # no fork: nothing frozen
+
+
+def test_objects_someone_else_froze_stay_frozen() -> None:
+    import gc
+
+    loader = torch.utils.data.DataLoader(
+        _FreezeCount(), batch_size=2, num_workers=2, multiprocessing_context="fork",
+        collate_fn=lambda batch: (torch.stack([b[0] for b in batch]), [b[1] for b in batch], ()),
+    )  # fmt: skip
+    gc.freeze()  # as a server that freezes its startup objects before forking would
+    try:
+        for _ in BadImageCounter(loader):
+            pass
+        assert gc.get_freeze_count() > 0  # not unfrozen behind its owner's back (a few frozen objects died)
+    finally:
+        gc.unfreeze()

@@ -820,6 +820,26 @@ def test_a_checkpoint_at_a_validation_inside_an_epoch_carries_the_epochs_loss_so
     assert "train_epoch_loss" not in end
 
 
+@pytest.mark.parametrize(
+    ("milestones", "warmup", "said"),
+    [
+        ([2], 0, ["lr_milestones [2] at or past"]),  # the decay would come at epoch 2's start, which never runs
+        ([1], 0, []),  # decays for the last epoch
+        ([1], 2, []),  # the warmup reaches the base rate on the run's last step
+        ([1], 2.5, ["warmup_epochs 2.5 is longer"]),
+    ],
+)
+def test_the_schedule_warnings_boundaries(milestones: list[int], warmup: float, said: list[str]) -> None:
+    """A 2-epoch run: which milestones and warmups are the last ones that still take effect."""
+    model = linear_classifier(lr_milestones=milestones)
+    model.hparams.warmup_epochs = warmup
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pl.Trainer(accelerator="cpu", max_epochs=2, **QUIET).fit(model, random_loader(2))
+    schedule = [m for m in (str(w.message) for w in caught) if m.startswith(("model.lr_milest", "model.warmup"))]
+    assert len(schedule) == len(said) and all(f"model.{s}" in m for s, m in zip(said, schedule, strict=True))
+
+
 def test_log_every_n_steps_0_logs_no_interval_and_still_the_epoch_mean() -> None:
     """Lightning takes ``trainer.log_every_n_steps 0`` as no step logging; the module's interval check divided by it."""
     torch.manual_seed(0)

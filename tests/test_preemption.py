@@ -130,6 +130,20 @@ def test_sigint_saves_at_the_next_step_and_exits_130(tmp_path: Path, monkeypatch
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == original
 
 
+def test_the_save_is_recorded_as_the_last_checkpoint_callbacks_own_file(tmp_path: Path) -> None:
+    """train.py's last_checkpoint (filename last, no monitor) writes the file the handler writes: the saved state names
+    it as that callback's file, so the resumed run's callback replaces it rather than keeping a stale path."""
+    last = ResumableCheckpoint(dirpath=tmp_path / "ckpts", filename="last", monitor=None, enable_version_counter=False)
+    trainer = tiny_trainer(
+        tmp_path, [PreemptionHandler(), SendSignal(signal.SIGTERM, at_batch=2), last], enable_checkpointing=True
+    )
+    with pytest.raises(PreemptedExit):
+        trainer.fit(Tiny())
+    path = tmp_path / "ckpts" / "last.ckpt"
+    state = next(v for k, v in load(path)["callbacks"].items() if k.startswith("ResumableCheckpoint"))
+    assert state["best_model_path"] == str(path) and last.best_model_path == str(path)
+
+
 def test_check_every_n_steps_and_explicit_dirpath(tmp_path: Path) -> None:
     handler = PreemptionHandler(check_every_n_steps=4, dirpath=str(tmp_path / "preempted"), filename="stop.ckpt")
     trainer = tiny_trainer(tmp_path, [handler, SendSignal(signal.SIGTERM, at_batch=4)])

@@ -147,6 +147,20 @@ def test_events_give_known_phase_times_lag_busy_fraction_and_copy_overlap(monkey
     assert line.startswith("  195.1 img/s, median step 19.50 ms (GPU clock; host 5.50 ms)")
 
 
+def test_a_gpu_clock_a_little_ahead_of_the_hosts_reads_no_lag_rather_than_a_negative_one():
+    """The clocks are put together from one event at the window's end; the jitter of that reading can put a step's
+    end on the GPU before the host recorded it. A device that kept up has no lag: never a negative one."""
+    fake = FakeDevice()
+    timer = fake.timer()
+    trainer = fake_trainer("cuda:0")
+    timer.start(trainer, (0, 2))
+    run_step(timer, fake, 0, [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4)])
+    run_step(timer, fake, 1, [(5, 5), (6, 6), (7, 7), (8, 8), (9, 8.5)])  # ends on the GPU 0.5 ms "before" the host
+    fake.at(10, 10)
+    s0, s1 = timer.finish(trainer)["steps"]
+    assert s0["lag"] == 0 and s1["lag"] == 0
+
+
 @pytest.mark.parametrize(
     ("mode", "tuning", "recorded"),
     [
