@@ -71,12 +71,11 @@ def lr_multiplier(
     schedule: str,
     milestones: list[int],
     gamma: float,
-    max_epochs: int,
     total_steps: int | None = None,
 ) -> float:
     """The factor applied to the scaled base learning rate at optimizer step ``step`` (0-based).
 
-    The cosine schedule reaches zero at ``total_steps`` when given, else after ``max_epochs`` epochs.
+    The cosine schedule reaches zero at ``total_steps`` (required for it; the step schedule ignores it).
 
     Warmup is linear per step: ``(1 + step) / (warmup_epochs * steps_per_epoch)`` while ``step`` is inside the
     warmup, so the first step uses a small but non-zero rate and the last warmup step reaches the full rate. apex's
@@ -86,8 +85,9 @@ def lr_multiplier(
     epoch = step // steps_per_epoch
     warmup_steps = warmup_epochs * steps_per_epoch
     if schedule == "cosine":
-        end = total_steps if total_steps is not None else max_epochs * steps_per_epoch
-        total = max(end - warmup_steps, 1)
+        if total_steps is None:
+            raise ValueError("lr_multiplier: the cosine schedule needs total_steps")
+        total = max(total_steps - warmup_steps, 1)
         progress = min(max(step - warmup_steps, 0) / total, 1.0)
         factor = 0.5 * (1.0 + math.cos(math.pi * progress))
     else:
@@ -353,7 +353,7 @@ class ImageNetClassifier(pl.LightningModule):
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
             lambda step: lr_multiplier(
-                step, steps_per_epoch, h.warmup_epochs, h.lr_schedule, milestones, h.lr_gamma, 0, total_steps
+                step, steps_per_epoch, h.warmup_epochs, h.lr_schedule, milestones, h.lr_gamma, total_steps
             ),
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}

@@ -116,6 +116,11 @@ class ImageNetCLI(LightningCLI):
         # Always on: train_bad_images / val_bad_images per epoch (non-zero only with data.on_bad_image: skip).
         parser.add_lightning_class_args(BadImageCount, "bad_images")
 
+    def _section(self) -> Any:
+        """The parsed configuration of the subcommand (the whole of it when the CLI runs none, ``run=False``)."""
+        subcommand = self.config.get("subcommand")
+        return self.config[subcommand] if subcommand else self.config
+
     def _refuse(self, message: str) -> NoReturn:
         """Exits as the parser does on its own errors (status 2, one line), through the subcommand's parser: its usage
         and ``--help`` (``train.py fit --help``) are the ones that list the keys."""
@@ -307,9 +312,8 @@ class ImageNetCLI(LightningCLI):
         words = sys.argv[1:] if args is None else args
         self._argv = [] if hasattr(words, "keys") else [str(word) for word in words]
         super().parse_arguments(parser, args)
-        subcommand = self.config.get("subcommand")
         try:
-            config_checks.check_parsed(self.config[subcommand] if subcommand else self.config)
+            config_checks.check_parsed(self._section())
         except config_checks.ConfigError as error:
             self._refuse(str(error))
         self._last_checkpoint_follows_checkpoint_dirpath()
@@ -319,21 +323,20 @@ class ImageNetCLI(LightningCLI):
         also the one ``--ckpt_path last`` looks in and the preemption handler writes to (last.ckpt otherwise stayed in
         the logger's next version_N folder, where a requeued job's ``--ckpt_path last`` finds nothing). The file names
         differ (best-*.ckpt, last.ckpt); ``last_checkpoint.dirpath`` keeps last.ckpt elsewhere."""
-        subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else self.config
+        config = self._section()
         best, last = config.get("checkpoint"), config.get("last_checkpoint")
         if best is not None and last is not None and best.get("dirpath") and not last.get("dirpath"):
             last.dirpath = best.dirpath
 
     def _logger_args(self) -> Any:
-        logger = self.config[self.config["subcommand"]].trainer.get("logger")
+        logger = self._section().trainer.get("logger")
         return logger.get("init_args", {}) if hasattr(logger, "get") else {}
 
     def _checkpoints_in_a_new_folder(self) -> bool:
         """Whether this run's last.ckpt goes to a folder of its own (the logger's next version_N), where Lightning's
         ``--ckpt_path last`` can find nothing: no ``last_checkpoint.dirpath`` (``checkpoint.dirpath`` alone sets it,
         see parse_arguments) and no fixed logger version. The preemption handler writes into the same folder."""
-        config = self.config[self.config["subcommand"]]
+        config = self._section()
         fixed = config.get("last_checkpoint", {}).get("dirpath")
         # Without a logger, Lightning's checkpoints go to the fixed <default_root_dir>/checkpoints.
         no_logger = config.trainer.get("logger") is False or config.trainer.get("logger") == []
@@ -343,7 +346,7 @@ class ImageNetCLI(LightningCLI):
         """Why ``--ckpt_path last`` would miss the latest checkpoint (last_checkpoint's or the preemption handler's),
         or ``None``. Lightning's ``last`` looks for last*.ckpt in the checkpoint callbacks' folders only: a requeued
         job would go back to an older checkpoint, or start from scratch."""
-        config = self.config[self.config["subcommand"]]
+        config = self._section()
         preemption = config.get("preemption", {})
         folder = preemption.get("dirpath")
         names = {
@@ -382,9 +385,7 @@ class ImageNetCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         try:
-            config_checks.check_before_build(
-                self.config[self.subcommand] if self.subcommand else self.config, self.subcommand
-            )
+            config_checks.check_before_build(self._section(), self.subcommand)
         except config_checks.ConfigError as error:
             self._refuse(str(error))
 
@@ -447,8 +448,7 @@ class ImageNetCLI(LightningCLI):
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         # A run from a checkpoint continues the one before it: its metrics.csv keeps the earlier rows (run_logger.py).
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        if config.get("ckpt_path"):
+        if self._section().get("ckpt_path"):
             for logger in trainer.loggers:
                 if isinstance(logger, RunLogger):
                     logger.resuming = True

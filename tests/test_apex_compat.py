@@ -354,7 +354,7 @@ def test_learning_rate_schedule_is_the_originals() -> None:
         steps_per_epoch = 7
         for epoch in range(5, epochs):  # after warmup
             original = 0.1 ** (epoch // 30 + (1 if epoch >= 80 else 0))
-            ours = lr_multiplier(epoch * steps_per_epoch + 3, steps_per_epoch, 5, "step", milestones, 0.1, epochs)
+            ours = lr_multiplier(epoch * steps_per_epoch + 3, steps_per_epoch, 5, "step", milestones, 0.1)
             assert math.isclose(original, ours, rel_tol=1e-9), (epochs, epoch)
 
 

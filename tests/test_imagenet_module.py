@@ -26,7 +26,7 @@ SPE = 100  # steps per epoch of the schedule tests
 
 
 def step_schedule(step: int, steps_per_epoch: int = SPE, warmup: float = 5) -> float:
-    return lr_multiplier(step, steps_per_epoch, warmup, "step", [30, 60, 80], 0.1, 90)
+    return lr_multiplier(step, steps_per_epoch, warmup, "step", [30, 60, 80], 0.1)
 
 
 # --- lr_multiplier -----------------------------------------------------------------------------------------------
@@ -58,7 +58,7 @@ def test_fractional_and_no_warmup() -> None:
 
 def test_cosine_schedule() -> None:
     def cosine(step: int, warmup: float = 5) -> float:
-        return lr_multiplier(step, SPE, warmup, "cosine", [30, 60, 80], 0.1, 90)
+        return lr_multiplier(step, SPE, warmup, "cosine", [30, 60, 80], 0.1, 90 * SPE)
 
     assert cosine(0) == pytest.approx(1 / (5 * SPE))
     assert cosine(5 * SPE - 1) == pytest.approx(1.0)
@@ -71,8 +71,8 @@ def test_cosine_schedule() -> None:
     assert all(b < a for a, b in zip(after, after[1:], strict=False))
     # The milestones play no part in the cosine schedule.
     assert cosine(30 * SPE) > 0.5
-    assert lr_multiplier(0, SPE, 0, "cosine", [], 0.1, 90) == 1.0
-    assert lr_multiplier(45 * SPE, SPE, 0, "cosine", [], 0.1, 90) == pytest.approx(0.5)
+    assert lr_multiplier(0, SPE, 0, "cosine", [], 0.1, 90 * SPE) == 1.0
+    assert lr_multiplier(45 * SPE, SPE, 0, "cosine", [], 0.1, 90 * SPE) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize(

@@ -295,7 +295,7 @@ def test_resume_continues_step_epoch_and_lr_schedule(shapes_root: Path, tmp_path
     resumed_cli, resumed = fit("resumed", 3, "--ckpt_path", str(last))
 
     base = 0.1 * 8 / 256
-    expected = [base * lr_multiplier(s, spe, 1, "step", [2], 0.1, 3) for s in range(3 * spe)]
+    expected = [base * lr_multiplier(s, spe, 1, "step", [2], 0.1) for s in range(3 * spe)]
     assert [whole.lr[s] for s in range(3 * spe)] == pytest.approx(expected)
     assert expected[2 * spe] == pytest.approx(base * 0.1)
     assert first.lr == pytest.approx({s: whole.lr[s] for s in range(2 * spe)})
@@ -362,7 +362,7 @@ def test_resume_in_other_units_keeps_the_lr_recipe_on_its_epochs(
         # the epoch's end (positions 7-11), then epochs 2 and 3.
         positions = list(range(spe + 1, 4 * spe))
         assert epochs == [1] * 5 + [2] * spe + [3] * spe
-    expected = [base * lr_multiplier(p, spe, 2, "step", [3], 0.1, 4) for p in positions]
+    expected = [base * lr_multiplier(p, spe, 2, "step", [3], 0.1) for p in positions]
     assert [resumed.lr[step] for step in steps] == pytest.approx(expected)
     # The run's last checkpoint is on its epochs' schedule: a later resume in these units goes on from there.
     state = torch.load(last_ckpt(resumed_cli), map_location="cpu", weights_only=True)
