@@ -514,7 +514,9 @@ def _collect(paths: Sequence[str]) -> tuple[list[Path], list[Path]]:
         path = Path(name).resolve()
         if path.is_dir():
             traces += sorted(path.rglob("*.pt.trace.json")) + sorted(path.rglob("*.pt.trace.json.gz"))
-            reports += sorted(p for p in path.rglob("step_report/window_*.json") if ".kineto" not in p.name)
+            # A run folder's step_report/ reports, or those of the folder given (a step_report folder, or a copy).
+            found = (p for p in path.rglob("window_*.json") if p.parent.name == "step_report" or p.parent == path)
+            reports += sorted(p for p in found if ".kineto" not in p.name)
         elif path.name.endswith((".json", ".json.gz")) and "trace" in path.name:
             traces.append(path)
         elif path.suffix == ".json":
@@ -534,7 +536,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     traces, reports = _collect(args.paths)
     if not traces and not reports:
-        print("step_report: no Kineto traces or step reports found", file=sys.stderr)
+        print(
+            "step_report: no Kineto traces (*.pt.trace.json[.gz]) or step reports (window_*.json in a step_report "
+            f"folder or in the folder given) found in {', '.join(args.paths)}",
+            file=sys.stderr,
+        )
         return 1
     groups: dict[tuple[Path, str], list[tuple[int | None, Path]]] = {}
     for trace in traces:

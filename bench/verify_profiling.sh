@@ -15,7 +15,7 @@
 # lightning2 : 2 GPUs through Lightning's own launcher: one report holding both ranks
 # torchrun2  : 2 GPUs through torchrun, one report per rank (%q{RANK})
 # torchrunN  : every GPU of the machine through torchrun, one report per rank (the 4- and 8-GPU check)
-# ncu        : Nsight Compute on the kernels of one step range (--nvtx-include "step 20/")
+# ncu        : Nsight Compute on a one-step window, and with the push/pop filter --nvtx-include "step 20/"
 # COMPILE=MODE runs every stage with --model.compile MODE; under the CUDA-graph modes (reduce-overhead, max-autotune)
 # nsys traces each graph's kernels (--cuda-graph-trace=node: by default a replayed graph is one opaque range).
 set -uo pipefail
@@ -91,9 +91,21 @@ for stage in "$@"; do
       "$out/$stage.rank$r.nsys-rep" >/dev/null; reports+=("$out/$stage.rank$r.sqlite"); done
     run python3 bench/check_nsys.py "${reports[@]}" --steps 20-29 ;;
   ncu)
-    run ncu --profile-from-start off --nvtx --nvtx-include "step 20/" --launch-count 3 --clock-control none \
-      -o "$out/ncu_step20" -f python3 train.py "${common[@]}" --profile.start_step 20 --profile.num_steps 1
-    ncu --import "$out/ncu_step20.ncu-rep" --page raw --csv 2>/dev/null | cut -c1-200 | head -4 ;;
+    # A one-step window holds every kernel of step 20, from every thread (autograd launches the backward pass from
+    # its own); the push/pop filter "step 20/" matches the main thread's only. Both, counted (LaunchStats: one pass).
+    for kind in window filter; do
+      only=(); [ "$kind" = filter ] && only=(--nvtx-include "step 20/")
+      run ncu --profile-from-start off --nvtx "${only[@]}" --section LaunchStats --launch-count 5000 \
+        --clock-control none -o "$out/ncu_$kind" -f python3 train.py "${common[@]}" --profile.start_step 20 \
+        --profile.num_steps 1
+      ncu --import "$out/ncu_$kind.ncu-rep" --page raw --csv 2>/dev/null > "$out/ncu_$kind.csv"
+      python3 -c "import csv, re, sys
+rows = list(csv.DictReader(open(sys.argv[1])))[1:]  # the second line holds the units
+names = [r['Kernel Name'] for r in rows]
+backward = [n for n in names if re.search('backward|dgrad|wgrad|bwd', n, re.I)]
+print(sys.argv[2], len(names), 'kernels,', len(backward), 'of the backward pass, e.g.', backward[:2])
+sys.exit(0 if names else 1)" "$out/ncu_$kind.csv" "$kind" || status=1
+    done ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

@@ -566,15 +566,17 @@ class ProfilerWindow(Callback):
         if not self.timer.active or window is None:
             return
         summary = self.timer.finish(trainer)
-        name = f"rank{self._rank}_steps{window[0]}-{window[1] - 1}.pt.trace.json"
-        trace = next((p for p in self.trace_files if p.name == name), None)
+        trace = next((p for p in self.trace_files if p.name == self._trace_name(window)), None)
         written = self.timer.report(trainer, summary, self._report_dir, trace)
         if written is not None:
             self.reports.append(written[0])
             self.report_files += written[1]
 
+    def _trace_name(self, window: tuple[int, int]) -> str:
+        return f"rank{self._rank}_steps{window[0]}-{window[1] - 1}.pt.trace.json"
+
     def _export(self, kineto: Any, window: tuple[int, int]) -> None:
-        final = self._trace_dir / f"rank{self._rank}_steps{window[0]}-{window[1] - 1}.pt.trace.json"
+        final = self._trace_dir / self._trace_name(window)
         partial = final.with_name(f".{final.name}.{os.getpid()}.partial")
         kinetos_own = partial.with_name(partial.name + ".tmp")  # libkineto writes this, then renames it to partial
         try:
@@ -656,7 +658,7 @@ def _minimum_past(trainer: pl.Trainer, end: int) -> str | None:
     before the one that holds that step; Lightning sets min_epochs to 1 when only min_steps is given)."""
     min_steps = getattr(trainer, "min_steps", None) or 0
     if min_steps > end:
-        return f"trainer.min_steps {min_steps} (the last window ends at step {end})"
+        return f"trainer.min_steps {min_steps} (exit_after stops the run after step {end - 1}, {end} steps done)"
     min_epochs = getattr(trainer, "min_epochs", None) or 0
     batches = getattr(trainer, "num_training_batches", math.inf)
     if min_epochs and 0 < batches < math.inf:

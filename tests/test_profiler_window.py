@@ -514,8 +514,8 @@ def test_exit_after_under_min_steps_or_min_epochs_is_refused_before_training(tmp
     so only after the window. Refused before the first step, as a resume past the window is."""
     window = dict(start_step=1, num_steps=2, report=False)  # steps 1..2: exit_after stops after step 2, at step 3
     with pytest.raises(ValueError, match=re.escape(
-        "profile.exit_after: trainer.min_steps 8 (the last window ends at step 3) keeps the run going past the last "
-        "window (steps 1..2)"
+        "profile.exit_after: trainer.min_steps 8 (exit_after stops the run after step 2, 3 steps done) keeps the run "
+        "going past the last window (steps 1..2)"
     )):  # fmt: skip
         fit(tmp_path, ProfilerWindow(**window), max_steps=8, min_steps=8, train_steps=4)
     assert not recorder.events  # no step ran

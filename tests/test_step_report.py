@@ -774,8 +774,13 @@ def test_command_line_reports_every_window_of_a_run_folder(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "steps 20-23" in out and f"from: {written}" in out
     assert (tmp_path / "elsewhere" / "window_10-11.kineto.png").is_file()
+    # The step_report folder itself, as a user reaches for it: its report is printed (its trace's report not re-read).
+    assert step_report.main([str(tmp_path / "run" / "step_report")]) == 0
+    out = capsys.readouterr().out
+    assert f"from: {written}" in out and "steps 10-11" not in out
     (tmp_path / "empty").mkdir()
     assert step_report.main([str(tmp_path / "empty")]) == 1
+    assert "no Kineto traces (*.pt.trace.json[.gz]) or step reports" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="neither a run folder"):
         step_report.main([str(tmp_path / "run" / "config.yaml")])
 
