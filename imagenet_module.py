@@ -255,8 +255,30 @@ class ImageNetClassifier(pl.LightningModule):
                 f"--ckpt_path {path} holds {saved_arch} trained on {saved_classes} classes, and this run's data has "
                 f"{classes} classes (model.num_classes follows the data); use {data}"
             )
+        self._refuse_other_class_names(checkpoint.get("class_names"), path)
         self._saved_steps_per_epoch = checkpoint.get("lr_schedule_units", {}).get("steps_per_epoch")
         self._saved_epoch_loss = checkpoint.get("train_epoch_loss")
+
+    def _refuse_other_class_names(self, saved: list[str] | None, path: str) -> None:
+        """The same count of classes under other names (a folder renamed, added or left out) moves the labels: an
+        evaluation would score against the wrong ones and a resume train on them, without a word."""
+        names = self._class_names()
+        if not saved or names is None or list(saved) == names:
+            return
+        label = next((i for i, (a, b) in enumerate(zip(saved, names, strict=False)) if a != b), len(names))
+        there, here = (f"{x[label]!r}" if label < len(x) else "none" for x in (saved, names))
+        raise ValueError(
+            f"--ckpt_path {path} was trained with other class names: label {label} is {there} there and {here} in "
+            "this run's data.root (class folders in sorted order give the labels); use the data it was trained on, "
+            "with its class folders' names"
+        )
+
+    def _class_names(self) -> list[str] | None:
+        """The class folders' names in label order, when the run's data has named classes (not synthetic data)."""
+        data = getattr(self._trainer, "datamodule", None)
+        if data is None or getattr(data, "source", None) not in ("folder", "generated"):
+            return None
+        return list(data.classes)
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -271,6 +293,8 @@ class ImageNetClassifier(pl.LightningModule):
         # a checkpoint only). Under DDP rank 0 writes the file: every rank resumes with rank 0's share, an estimate of
         # its own; on one device the resumed epoch logs the uninterrupted run's mean. Not after the epoch's last batch:
         # the resumed run starts the next epoch, with Lightning's current_epoch not always moved on yet (max_steps).
+        if (names := self._class_names()) is not None:
+            checkpoint["class_names"] = names  # checked when the checkpoint is evaluated or resumed on other data
         trainer = self._trainer
         if trainer is not None and trainer.state.fn == "fit" and inside_the_epoch(trainer):
             checkpoint["train_epoch_loss"] = {

@@ -57,6 +57,11 @@ except ImportError:  # pragma: no cover
 
 
 SUBCOMMANDS = ("fit", "validate", "test")
+#: The model options that only training uses (the optimizer and its schedule).
+_OPTIMIZER_OPTIONS = frozenset(
+    {"lr", "momentum", "weight_decay", "nesterov", "warmup_epochs", "lr_schedule", "lr_milestones", "lr_gamma",
+     "fused_sgd"}
+)  # fmt: skip
 #: This application's folder: warnings raised from its files print without their source line.
 APP_DIR = str(Path(__file__).resolve().parent)
 
@@ -136,6 +141,12 @@ class ImageNetCLI(LightningCLI):
             self._refuse(self._no_last_checkpoint())
         if ckpt_path == "last" and (missed := self._what_last_would_miss()):
             self._refuse(missed)
+        if ckpt_path == "last" and subcommand in ("validate", "test") and not self._last_checkpoints():
+            # Lightning warns and evaluates the randomly initialized model, exit status 0.
+            self._refuse(
+                f"--ckpt_path last: no last*.ckpt in {self._last_checkpoint_folder()}, so {subcommand} would evaluate "
+                f"a randomly initialized model; {self._newest_last_checkpoint()}"
+            )
         if ckpt_path == "best":
             self._refuse(
                 "--ckpt_path best names the best checkpoint of a fit in this same process, and this process has not "
@@ -157,6 +168,13 @@ class ImageNetCLI(LightningCLI):
             self._refuse(f"--ckpt_path {ckpt_path} {what}; pass a checkpoint file (e.g. .../checkpoints/last.ckpt)")
         if Path(ckpt_path).is_file():
             if not zipfile.is_zipfile(ckpt_path):
+                with open(ckpt_path, "rb") as file:
+                    if file.read(4) == b"PK\x03\x04":  # a zip archive's start, without its end (the directory)
+                        self._refuse(
+                            f"--ckpt_path {ckpt_path} is cut short: a zip archive (torch.save's format) whose end is "
+                            "missing, copied or synced while it was written; pass an intact checkpoint file (an "
+                            "earlier one of the folder, e.g. best-*.ckpt)"
+                        )
                 self._refuse_main_amp(ckpt_path)  # torch < 1.6 wrote main_amp.py's files in its older format
                 self._refuse(
                     f"--ckpt_path {ckpt_path} is not a checkpoint (a checkpoint is a torch.save zip archive, "
@@ -256,11 +274,17 @@ class ImageNetCLI(LightningCLI):
         except legacy_checkpoint.CheckpointConversionError as error:
             self._refuse(f"--ckpt_path {error}")
         arch = legacy.arch or "ARCH"
+        what = f"--ckpt_path {ckpt_path} is a main_amp.py checkpoint ({arch}, {legacy.epoch} epochs done)"
+        what += ", not a Lightning one"
+        if self.config.get("subcommand") in ("validate", "test"):
+            self._refuse(
+                f"{what}; evaluate it with main_amp.py's flags, as its -e did: python train.py -e -a {arch} --resume "
+                f"{ckpt_path} DATA_DIR (train.py options such as --trainer.devices may follow)"
+            )
         self._refuse(
-            f"--ckpt_path {ckpt_path} is a main_amp.py checkpoint ({arch}, {legacy.epoch} epochs done), not a "
-            f"Lightning one; resume it with main_amp.py's flags: python train.py -a {arch} --b BATCH --resume "
-            f"{ckpt_path} DATA_DIR (train.py options such as --trainer.devices may follow). That converts it for the "
-            f"run into {legacy_checkpoint.converted_path(ckpt_path)}, which --ckpt_path takes afterwards"
+            f"{what}; resume it with main_amp.py's flags: python train.py -a {arch} --b BATCH --resume {ckpt_path} "
+            "DATA_DIR (train.py options such as --trainer.devices may follow). That converts it for the run into "
+            f"{legacy_checkpoint.converted_path(ckpt_path)}, which --ckpt_path takes afterwards"
         )
 
     def _settle_model_options(self, subcommand: str, before: Any) -> None:
@@ -272,13 +296,16 @@ class ImageNetCLI(LightningCLI):
         ``hpc`` and remote paths later."""
         model = self.config[subcommand].model
         given = self._model_keys_on_the_command_line()
+        # An evaluation does not say where its optimizer's options came from: it has none.
+        unsaid = _OPTIMIZER_OPTIONS if subcommand != "fit" else frozenset()
         notes = []
         for key in sorted(given):
             if key in before and model.get(key) != before[key]:
-                notes.append(f"model.{key} {before[key]!r} from the command line (the checkpoint's: {model[key]!r})")
+                said = f"model.{key} {before[key]!r} from the command line (the checkpoint's: {model[key]!r})"
+                notes += [said] if key not in unsaid else []
                 model[key] = before[key]
         # batch_size and num_classes follow the data module's (links); an arch the run named was checked before.
-        for key in sorted(set(before.keys()) - given - {"batch_size", "num_classes", "weights"}):
+        for key in sorted(set(before.keys()) - given - {"batch_size", "num_classes", "weights"} - unsaid):
             if model.get(key) != before[key]:
                 notes.append(f"model.{key} {model[key]!r} from the checkpoint (the configuration's: {before[key]!r})")
         if model.get("weights"):
@@ -372,16 +399,46 @@ class ImageNetCLI(LightningCLI):
 
     def _no_last_checkpoint(self) -> str:
         """Why ``--ckpt_path last`` finds nothing here, and the newest last.ckpt of this run's name, if any."""
-        init = self._logger_args()
-        root = Path(str(init.get("save_dir", "runs"))) / str(init.get("name", "lightning_logs"))
-        found = sorted(root.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
-        newest = f"; the newest here: --ckpt_path {found[-1]}" if found else f" (none under {root})"
+        if self.config["subcommand"] != "fit":
+            return (
+                "--ckpt_path last: this run writes into a new version folder of its own, where Lightning's 'last' "
+                f"would find no checkpoint and evaluate a randomly initialized model; {self._newest_last_checkpoint()}"
+            )
         return (
             "--ckpt_path last: this run writes into a new version folder of its own, so Lightning's 'last' would "
-            f"find no checkpoint and start from scratch; pass the file{newest}, or fix the folder for requeued jobs "
-            "(--last_checkpoint.dirpath DIR, or --trainer.logger.init_args.version NAME; then --ckpt_path last "
-            "resumes from it)"
+            f"find no checkpoint and start from scratch; {self._newest_last_checkpoint()}, or fix the folder for "
+            "requeued jobs (--last_checkpoint.dirpath DIR, or --trainer.logger.init_args.version NAME; then "
+            "--ckpt_path last resumes from it)"
         )
+
+    def _newest_last_checkpoint(self) -> str:
+        """Advice: the newest last.ckpt among the runs of this run's name (every version folder), if any."""
+        root = self._runs_of_this_name()
+        found = sorted(root.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            return f"pass the checkpoint file (there is no last.ckpt under {root})"
+        return f"pass the file (the newest under {root}: --ckpt_path {found[-1]})"
+
+    def _runs_of_this_name(self) -> Path:
+        """The logger's folder of this run's name, which holds one folder per run (version_N, or a fixed version)."""
+        init = self._logger_args()
+        return Path(str(init.get("save_dir", "runs"))) / str(init.get("name", "lightning_logs"))
+
+    def _last_checkpoint_folder(self) -> Path:
+        """Where last_checkpoint writes (and Lightning's ``last`` looks), for a run whose folder is fixed."""
+        config = self._section()
+        if fixed := config.get("last_checkpoint", {}).get("dirpath"):
+            return Path(fixed)
+        if config.trainer.get("logger") is False or config.trainer.get("logger") == []:
+            return Path(config.trainer.get("default_root_dir") or ".") / "checkpoints"
+        version = self._logger_args().get("version")
+        run = version if isinstance(version, str) else f"version_{version}"  # as Lightning's CSVLogger names it
+        return self._runs_of_this_name() / run / "checkpoints"
+
+    def _last_checkpoints(self) -> list[Path]:
+        """The files Lightning's ``--ckpt_path last`` would choose from (last*.ckpt in last_checkpoint's folder)."""
+        folder = self._last_checkpoint_folder()
+        return sorted(folder.glob("last*.ckpt")) if folder.is_dir() else []
 
     def before_instantiate_classes(self) -> None:
         try:

@@ -136,6 +136,9 @@ def test_a_main_amp_checkpoint_is_refused_saying_how_to_convert_it(args, tmp_pat
     assert f"--ckpt_path {legacy} is a main_amp.py checkpoint (resnet18, 3 epochs done), not a Lightning one" in said
     assert f"python train.py -a resnet18 --b BATCH --resume {legacy} DATA_DIR" in said
     assert str(tmp_path / "checkpoint.lightning.ckpt") in said
+    # To evaluate it, main_amp.py's own evaluation: -e (without it the command line above trains).
+    said = refused(["validate", *args, "--ckpt_path", str(legacy)])
+    assert f"as its -e did: python train.py -e -a resnet18 --resume {legacy} DATA_DIR" in said
     # Any other torch.save file: named, with what it holds.
     other = tmp_path / "weights.pth"
     torch.save(model.state_dict(), other)

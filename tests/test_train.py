@@ -7,6 +7,7 @@ import csv
 import json
 import logging
 import math
+import shutil
 import warnings
 from pathlib import Path
 
@@ -252,6 +253,22 @@ def test_validate_and_test_a_checkpoint(trained: dict, shapes_root: Path, tmp_pa
     metrics = tested.trainer.callback_metrics
     assert float(metrics["test_acc1"]) == pytest.approx(float(fit_row["val_acc1"]))
     assert float(metrics["test_acc5"]) == pytest.approx(float(fit_row["val_acc5"]))
+
+
+def test_a_folder_with_other_class_names_is_refused_before_it_is_scored(
+    trained: dict, shapes_root: Path, tmp_path: Path, refused
+) -> None:
+    """Ten classes still, one renamed: every label from it on would move, and the accuracy with them, silently."""
+    root = tmp_path / "renamed"
+    shutil.copytree(shapes_root, root)
+    for split in ("train", "val"):
+        (root / split / "circle").rename(root / split / "zz_circle")
+    args = [*trained["args"], "--data.root", str(root), "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    said = refused(["validate", *args, "--ckpt_path", str(trained["last"])])
+    assert (
+        f"--ckpt_path {trained['last']} was trained with other class names: label 1 is 'circle' there and 'cross' in "
+        "this run's data.root" in said
+    )
 
 
 def test_validate_without_checkpoint_is_chance(trained: dict, tmp_path: Path, main) -> None:
@@ -608,6 +625,8 @@ def test_an_arch_the_run_does_not_name_is_the_checkpoints(trained: dict, shapes_
         cli = main(["validate", *args, "--ckpt_path", str(trained["last"])])
     assert cli.model.hparams.arch == "resnet18"
     assert "model.arch 'resnet18' from the checkpoint (the configuration's: 'resnet50')" in caplog.text
+    # The checkpoint's lr 0.05 and milestones [3] differ from the defaults: not said, an evaluation has no optimizer.
+    assert "model.lr" not in caplog.text and "model.warmup" not in caplog.text
     # Named in a config file, it is the run's ask.
     config = tmp_path / "arch.yaml"
     config.write_text("model:\n  arch: resnet34\n")
@@ -726,16 +745,39 @@ def test_a_valueerror_from_outside_lightning_while_building_the_trainer_keeps_it
 def test_checkpoint_paths_that_cannot_be_loaded_are_refused_naming_why(trained: dict, tmp_path: Path, refused):
     args, not_a_checkpoint = trained["args"], tmp_path / "config.yaml"
     not_a_checkpoint.write_text("model: {}\n")
+    torn = tmp_path / "torn.ckpt"
+    torn.write_bytes(trained["last"].read_bytes()[:3000])
     for path, why in [
         (tmp_path, "is a folder"),
         (tmp_path / "missing.ckpt", "does not exist"),
         (not_a_checkpoint, "is not a checkpoint (a checkpoint is a torch.save zip archive"),
+        (torn, "is cut short: a zip archive (torch.save's format) whose end is missing"),
     ]:
         assert f"--ckpt_path {path} {why}" in refused(["validate", *args, "--ckpt_path", str(path)])
     # 'last': Lightning looks in this run's own new version folder; the newest last.ckpt of the run's name is named.
     said = refused(["fit", *args, "--ckpt_path", "last"])
     assert "--ckpt_path last: this run writes into a new version folder of its own" in said
-    assert f"the newest here: --ckpt_path {trained['last']}, or fix the folder" in said
+    runs = trained["log_dir"].parent
+    assert f"pass the file (the newest under {runs}: --ckpt_path {trained['last']}), or fix the folder" in said
+    # validate and test: Lightning warned and evaluated a randomly initialized model, exit status 0.
+    said = refused(["validate", *args, "--ckpt_path", "last"])
+    assert said.endswith(f"evaluate a randomly initialized model; pass the file (the newest under {runs}: --ckpt_path "
+                         f"{trained['last']})")  # fmt: skip
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    said = refused(["test", *args, "--last_checkpoint.dirpath", str(empty), "--ckpt_path", "last"])
+    assert f"--ckpt_path last: no last*.ckpt in {empty}, so test would evaluate a randomly initialized model" in said
+    # A fixed run folder of another name than version_N is found as the newest too.
+    named = runs / "named" / "checkpoints"
+    named.mkdir(parents=True)
+    shutil.copy(trained["last"], named / "last.ckpt")
+    try:
+        said = refused(["validate", *args, "--trainer.logger.init_args.version", "other", "--ckpt_path", "last"])
+        assert said.endswith(f"no last*.ckpt in {runs / 'other' / 'checkpoints'}, so validate would evaluate a "
+                             f"randomly initialized model; pass the file (the newest under {runs}: --ckpt_path "
+                             f"{named / 'last.ckpt'})")  # fmt: skip
+    finally:
+        shutil.rmtree(runs / "named")  # the module's fixture, shared
 
 
 def test_a_resume_past_the_runs_end_is_refused_and_one_at_it_warned(trained: dict, refused, main, tmp_path) -> None:
