@@ -35,7 +35,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.seed import pl_worker_init_function
-from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
@@ -488,6 +488,13 @@ class ImageNetDataModule(pl.LightningDataModule):
     @override
     def test_dataloader(self) -> Any:
         # ImageNet's test labels are not public: "test" evaluates the val split, as the original's -e did.
+        if self.source != "synthetic":
+            rank_zero_info(f"test evaluates {self.root / 'val'}, as validate does (its metrics named test_*)")
+            if (self.root / "test").is_dir():
+                rank_zero_warn(
+                    f"{self.root / 'test'} is not read: test evaluates {self.root / 'val'}; to score the images of "
+                    "test/, pass --data.root a folder whose val/ is (a link to) that test/"
+                )
         return self.val_dataloader()
 
     @override

@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 
 from fsspec.implementations.local import LocalFileSystem
-from lightning_fabric.utilities.rank_zero import rank_zero_only
+from lightning_fabric.utilities.rank_zero import rank_zero_only, rank_zero_warn
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
@@ -32,7 +32,27 @@ from atomic_files import atomic_write
 
 
 class _AtomicRewriteWriter(ExperimentWriter):
-    """Lightning's writer, whose rewrite of ``metrics.csv`` with a wider header replaces the file atomically."""
+    """Lightning's writer, whose rewrite of ``metrics.csv`` with a wider header replaces the file atomically.
+
+    ``prefix`` goes before its file names (``validate_`` gives ``validate_metrics.csv`` and ``validate_hparams.yaml``).
+    """
+
+    def __init__(self, log_dir: str, prefix: str = "") -> None:
+        # Before Lightning's __init__, which reads them (as instance attributes they shadow the class's).
+        self.NAME_METRICS_FILE = prefix + ExperimentWriter.NAME_METRICS_FILE
+        self.NAME_HPARAMS_FILE = prefix + ExperimentWriter.NAME_HPARAMS_FILE
+        self._prefix = prefix
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        if not self._prefix:
+            super()._check_log_dir_exists()
+            return
+        # An evaluation's files beside a fit's in its folder: only its own earlier file is replaced (Lightning's
+        # warning says every file of the folder would be).
+        if self._fs.isfile(self.metrics_file_path):
+            rank_zero_warn(f"replacing {self.metrics_file_path}, an earlier run's")
+            self._fs.rm_file(self.metrics_file_path)
 
     def save(self) -> None:
         known = list(self.metrics_keys)
@@ -94,19 +114,24 @@ class RunLogger(CSVLogger):
     """
 
     resuming = False
+    #: Before the file names (``validate_``): set by train.py for validate and test, whose files would otherwise
+    #: replace a fit's in its folder (``--trainer.logger.init_args.version NAME``): its metrics.csv and hparams.yaml.
+    file_prefix = ""
 
     @property
     def experiment(self) -> ExperimentWriter:  # type: ignore[override]
         if self._experiment is None and rank_zero_only.rank == 0:  # rank 0 writes, as Lightning's
             self._fs.makedirs(self.root_dir, exist_ok=True)
             writer = _AppendingWriter if self.resuming else _AtomicRewriteWriter
-            self._experiment = writer(log_dir=self.log_dir)
+            self._experiment = writer(log_dir=self.log_dir, prefix=self.file_prefix)
         return super().experiment
 
 
 #: What a run writes into its log folder before its first step: LightningCLI's config.yaml, the logger's
-#: hparams.yaml, and metrics.csv (a header at most).
-_WRITTEN_BEFORE_TRAINING = frozenset({"config.yaml", "hparams.yaml", "metrics.csv"})
+#: hparams.yaml, and metrics.csv (a header at most); validate's and test's with their prefix.
+_WRITTEN_BEFORE_TRAINING = frozenset(
+    prefix + name for prefix in ("", "validate_", "test_") for name in ("config.yaml", "hparams.yaml", "metrics.csv")
+)
 
 
 class NewRunFolder:
@@ -153,6 +178,6 @@ def _holds_only_setup_files(folder: Path) -> bool:
                 return False
         elif entry.name not in _WRITTEN_BEFORE_TRAINING or not entry.is_file():
             return False
-        elif entry.name == "metrics.csv" and len(entry.read_bytes().splitlines()) > 1:
+        elif entry.name.endswith("metrics.csv") and len(entry.read_bytes().splitlines()) > 1:
             return False
     return True

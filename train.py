@@ -183,6 +183,8 @@ class ImageNetCLI(LightningCLI):
             checkpoint = self._lightning_checkpoint(ckpt_path)
             if subcommand == "fit":
                 self._refuse_a_resume_past_the_end(ckpt_path, checkpoint)
+            else:
+                self._warn_of_other_validation_sizes(ckpt_path, checkpoint, subcommand)
             saved = checkpoint.get("hyper_parameters", {})
             asked = self.config[subcommand].model.arch
             # Only an arch the run names (the command line, a config file) is refused; left at its default, the
@@ -197,6 +199,23 @@ class ImageNetCLI(LightningCLI):
         super()._parse_ckpt_path()
         if Path(ckpt_path).is_file():  # what LightningCLI read the checkpoint's options from
             self._settle_model_options(subcommand, before)
+
+    def _warn_of_other_validation_sizes(self, ckpt_path: str, checkpoint: dict[str, Any], subcommand: str) -> None:
+        """The validation resize and crop are the data's options, which a checkpoint does not carry over as it does
+        the model's: an evaluation of a model trained at 64 pixels at the configuration's 256/224 scored something
+        else (0.10 against 0.50) without a word. Evaluating at other sizes can be the point, so a warning."""
+        saved = checkpoint.get("datamodule_hyper_parameters") or {}
+        data = self.config[subcommand].get("data") or {}
+        differ = [
+            f"data.{key} {data.get(key)} (its fit's: {saved[key]})"
+            for key in ("val_resize_size", "val_crop_size")
+            if key in saved and data.get(key) is not None and data.get(key) != saved[key]
+        ]
+        if differ:
+            rank_zero_warn(
+                f"--ckpt_path {ckpt_path} was validated at other sizes than this {subcommand}'s: {'; '.join(differ)}; "
+                "pass its fit's to evaluate it as it was validated"
+            )
 
     def _refuse_a_resume_past_the_end(self, ckpt_path: str, checkpoint: dict[str, Any]) -> None:
         """A fit from a checkpoint at or past the run's trainer.max_steps/max_epochs trains nothing: Lightning restores
@@ -490,6 +509,9 @@ class ImageNetCLI(LightningCLI):
         return NewRunFolder(logger.log_dir)
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
+        if self.subcommand in ("validate", "test"):
+            # validate_config.yaml: beside a fit's config.yaml when it writes into the fit's folder, not over it.
+            self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": f"{self.subcommand}_config.yaml"}
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError) as error:
@@ -504,11 +526,15 @@ class ImageNetCLI(LightningCLI):
         # the user's own replaced Lightning's default.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-        # A run from a checkpoint continues the one before it: its metrics.csv keeps the earlier rows (run_logger.py).
-        if self._section().get("ckpt_path"):
-            for logger in trainer.loggers:
-                if isinstance(logger, RunLogger):
-                    logger.resuming = True
+        for logger in trainer.loggers:
+            if not isinstance(logger, RunLogger):
+                continue
+            if self.subcommand in ("validate", "test"):
+                # Beside a fit's files when it writes into the fit's folder, not over them.
+                logger.file_prefix = f"{self.subcommand}_"
+            elif self._section().get("ckpt_path"):
+                # A fit from a checkpoint continues the one before it: its metrics.csv keeps the earlier rows.
+                logger.resuming = True
         return trainer
 
 

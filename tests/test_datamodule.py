@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import re
@@ -412,6 +413,24 @@ def test_val_loader_shards_without_padding_and_yields_normalized_batches(shapes_
     assert sorted(seen[0] + seen[1]) == list(range(sizes(shapes_root)[1]))
     # The test stage evaluates the val split.
     assert dm.test_dataloader().sampler.indices == dm.val_dataloader().sampler.indices
+
+
+def test_test_says_it_evaluates_val_and_that_a_test_folder_is_not_read(
+    shapes_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "with_test"
+    shutil.copytree(shapes_root, root)
+    dm = small_dm(root, batch_size=7)
+    dm.trainer = fake_trainer()
+    dm.setup("test")
+    with caplog.at_level(logging.INFO), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dm.test_dataloader()
+    assert f"test evaluates {root / 'val'}, as validate does" in caplog.text
+    assert not [w for w in caught if "is not read" in str(w.message)]
+    shutil.copytree(root / "val", root / "test")  # labelled images of its own that test would not score
+    with pytest.warns(UserWarning, match=re.escape(f"{root / 'test'} is not read: test evaluates {root / 'val'}")):
+        dm.test_dataloader()
 
 
 def test_val_batches_are_center_crops_normalized_by_imagenets_mean_and_std(shapes_root: Path) -> None:

@@ -7,6 +7,7 @@ import csv
 import json
 import logging
 import math
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -269,6 +270,28 @@ def test_a_folder_with_other_class_names_is_refused_before_it_is_scored(
         f"--ckpt_path {trained['last']} was trained with other class names: label 1 is 'circle' there and 'cross' in "
         "this run's data.root" in said
     )
+
+
+def test_validate_and_test_in_the_fits_folder_write_beside_its_files_not_over_them(trained: dict, main) -> None:
+    """What the refusal of --ckpt_path last once advised (--trainer.logger.init_args.version NAME): validate then
+    rewrote the fit's config.yaml and hparams.yaml, and added a step-0 row to its metrics.csv."""
+    folder = trained["log_dir"]
+    before = {name: (folder / name).read_bytes() for name in ("config.yaml", "hparams.yaml", "metrics.csv")}
+    args = [*trained["args"], "--trainer.logger.init_args.version", folder.name, "--trainer.limit_val_batches", "1",
+            "--trainer.limit_test_batches", "1"]  # fmt: skip
+    try:
+        for subcommand in ("validate", "test"):
+            main([subcommand, *args, "--ckpt_path", str(trained["last"])])
+            assert {name: (folder / name).read_bytes() for name in before} == before
+            rows = list(csv.DictReader(open(folder / f"{subcommand}_metrics.csv")))
+            assert len(rows) == 1 and float(rows[0][{"validate": "val_acc1", "test": "test_acc1"}[subcommand]]) >= 0
+            saved = yaml.safe_load((folder / f"{subcommand}_config.yaml").read_text())
+            assert saved["ckpt_path"] == str(trained["last"])
+            assert (folder / f"{subcommand}_hparams.yaml").is_file()
+    finally:
+        for path in folder.glob("*_*.*"):
+            if path.name.startswith(("validate_", "test_")):
+                path.unlink()  # the module's fixture, shared
 
 
 def test_validate_without_checkpoint_is_chance(trained: dict, tmp_path: Path, main) -> None:
@@ -827,9 +850,24 @@ def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(traine
     asked = []
     record = lambda self, *args, ckpt_path=None, **kwargs: asked.append(ckpt_path)  # noqa: E731
     monkeypatch.setattr(pl.Trainer, "validate", record)
+    monkeypatch.setattr(pl.Trainer, "test", record)
     monkeypatch.setattr(pl.Trainer, "fit", record)
     for path in ["s3://bucket/run/last.ckpt", "hpc", "registry:my-model:v1", "Registry"]:
         main(["validate", *trained["args"], "--ckpt_path", path])
+    # A file: evaluated at the validation sizes it was validated at, or with a warning (the data's options, which a
+    # checkpoint does not carry over).
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["validate", *trained["args"], "--ckpt_path", str(trained["last"])])
+    assert not [w for w in caught if "other sizes" in str(w.message)]
+    with pytest.warns(UserWarning, match=re.escape(
+        f"--ckpt_path {trained['last']} was validated at other sizes than this test's: data.val_resize_size 256 (its "
+        "fit's: 36); data.val_crop_size 224 (its fit's: 32); pass its fit's"
+    )):  # fmt: skip
+        main(["test", *trained["args"], "--data.val_resize_size", "256", "--data.val_crop_size", "224",
+              "--ckpt_path", str(trained["last"])])  # fmt: skip
+    asked.pop()
+    asked.pop()
     # 'last' where the folder is fixed (a requeued job's usual resume): Lightning finds it there.
     main(["fit", *trained["args"], "--trainer.logger.init_args.version", "fixed", "--ckpt_path", "last"])
     # Without a logger the folder is fixed too: <default_root_dir>/checkpoints.
