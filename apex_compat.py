@@ -34,21 +34,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import legacy_checkpoint
+from cli_names import LIGHTNING_SUBCOMMANDS, SECTIONS, SUBCOMMANDS
 
-#: LightningCLI subcommands of train.py.
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
 #: First arguments that belong to train.py's own command line.
 _CLI_FIRST = ("--config", "-c", "--help", "-h", "--print_config", "--version")
 #: Option prefixes of train.py's LightningCLI that may follow the original flags and pass through unchanged.
-PASSTHROUGH_PREFIXES = (
-    "--trainer.",
-    "--model.",
-    "--data.",
-    "--profile.",
-    "--checkpoint.",
-    "--last_checkpoint.",
-    "--preemption.",
-)
+PASSTHROUGH_PREFIXES = tuple(f"--{section}." for section in SECTIONS)
 _PASSTHROUGH_NAMES = ("--seed_everything", "--config", "-c")
 #: The original's choices for ``--opt-level``.
 OPT_LEVELS = ("O0", "O1", "O2", "O3")
@@ -185,25 +176,21 @@ def _option_strings() -> tuple[list[str], list[str]]:
     return long_options, short_options
 
 
-def _is_cli_key(token: str) -> bool:
-    name = token.split("=", 1)[0]
-    return name.startswith(PASSTHROUGH_PREFIXES) or name in ("--seed_everything", "--ckpt_path")
-
-
 def is_apex_command_line(argv: Sequence[str]) -> bool:
     """True when ``argv`` (without the program name) is a main_amp.py command line rather than train.py's own.
 
     train.py's own command lines start with a subcommand (``fit``, ``validate``, ``test``, ``predict``), a top-level
     option (``--config``/``-c``, ``--help``/``-h``, ``--print_config``, ``--version``) or a LightningCLI key
-    (``--trainer.*``, ``--model.*``, ``--data.*``, ``--profile.*``, ``--checkpoint.*``, ``--seed_everything``,
-    ``--ckpt_path``). A main_amp.py one starts with one of the original's flags (also an unambiguous prefix such as
-    ``--b``, or a short flag with its value attached such as ``-j4``) or with the positional data folder.
+    (``--trainer.*`` and the other sections of ``cli_names.SECTIONS``, ``--seed_everything``, ``--ckpt_path``). A
+    main_amp.py one starts with one of the original's flags (also an unambiguous prefix such as ``--b``, or a short
+    flag with its value attached such as ``-j4``) or with the positional data folder.
     """
     if not argv:
         return False
     first = argv[0]
     name = first.split("=", 1)[0]
-    if first in SUBCOMMANDS or name in _CLI_FIRST or _is_cli_key(first):
+    cli_key = name.startswith(PASSTHROUGH_PREFIXES) or name in ("--seed_everything", "--ckpt_path")
+    if first in LIGHTNING_SUBCOMMANDS or name in _CLI_FIRST or cli_key:
         return False
     if not first.startswith("-"):
         return True  # the positional DIR
@@ -222,15 +209,14 @@ def unknown_first_word(argv: Sequence[str]) -> str | None:
     original's defaults (batch 256, 90 epochs) replaced the config's, and a config with ``data.source: generated``
     drew its dataset into a new folder of that name and trained on it.
     """
-    if not argv or argv[0].startswith("-") or argv[0] in SUBCOMMANDS or Path(argv[0]).is_dir():
+    if not argv or argv[0].startswith("-") or argv[0] in LIGHTNING_SUBCOMMANDS or Path(argv[0]).is_dir():
         return None
-    valid = SUBCOMMANDS[:3]  # predict is refused by name later
-    close = difflib.get_close_matches(argv[0], valid, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1, cutoff=0.6)  # predict is refused by name later
     if not close and any(is_apex_command_line([arg]) for arg in argv[1:] if arg.startswith("-")):
         return None  # main_amp.py's flags follow: its DIR, which the run may create (data.source generated)
     hint = f"did you mean {close[0]}? " if close else ""
     return (
-        f"'{argv[0]}' is neither a subcommand ({hint}valid: {', '.join(valid)}) nor an existing folder (the data "
+        f"'{argv[0]}' is neither a subcommand ({hint}valid: {', '.join(SUBCOMMANDS)}) nor an existing folder (the data "
         "folder DIR of a main_amp.py command line)"
     )
 
@@ -716,8 +702,8 @@ def translate(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> 
 
     Args:
         argv: The arguments after the program name, e.g. ``["-a", "resnet50", "--b", "224", "./"]``; LightningCLI
-            options (``--trainer.*``, ``--model.*``, ``--data.*``, ``--profile.*``, ``--checkpoint.*``,
-            ``--seed_everything``, ``--config``) may be mixed in and pass through.
+            options (``--trainer.*`` and the other sections of ``cli_names.SECTIONS``, ``--seed_everything``,
+            ``--config``) may be mixed in and pass through.
         environ: The process environment (default ``os.environ``); ``WORLD_SIZE``/``LOCAL_WORLD_SIZE`` from
             torch.distributed.launch or torchrun select DDP.
 

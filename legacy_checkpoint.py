@@ -59,6 +59,7 @@ from typing import Any
 import torch
 
 from atomic_files import atomic_torch_save
+from cli_names import LIGHTNING_SUBCOMMANDS
 
 #: Key of the conversion record inside a converted checkpoint.
 RECORD_KEY = "apex_main_amp"
@@ -66,8 +67,6 @@ RECORD_KEY = "apex_main_amp"
 FORMAT_VERSION = 2
 #: Suffixes stripped from the source name before ``.lightning.ckpt`` is appended.
 _SOURCE_SUFFIXES = (".pth.tar", ".pth", ".pt", ".tar")
-#: Subcommands of train.py; the conversion instantiates the application without one (``run=False``).
-_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
 class CheckpointConversionError(ValueError):
@@ -446,7 +445,7 @@ def instantiation_args(cli_argv: Sequence[str]) -> list[str]:
     with ``run=False`` and no logger (the logger decides nothing about the run's steps, and a ``--trainer.logger.*``
     key would not parse without one)."""
     args = list(cli_argv)
-    if args and args[0] in _SUBCOMMANDS:
+    if args and args[0] in LIGHTNING_SUBCOMMANDS:  # the conversion instantiates the app without one (run=False)
         args = args[1:]
     out: list[str] = []
     skip = False

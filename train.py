@@ -43,6 +43,7 @@ from callbacks.bad_images import BadImageCount
 from callbacks.preemption import PreemptionHandler
 from callbacks.resumable_checkpoint import ResumableCheckpoint
 from checkpoint_io import AtomicCheckpointIO
+from cli_names import SECTIONS, SUBCOMMANDS
 from cli_parser import ReadableErrorsParser, tidy_console
 from datamodule import ImageNetDataModule
 from imagenet_module import ImageNetClassifier
@@ -56,7 +57,6 @@ except ImportError:  # pragma: no cover
         return str(path).lower().startswith("registry")
 
 
-SUBCOMMANDS = ("fit", "validate", "test")
 #: The model options that only training uses (the optimizer and its schedule).
 _OPTIMIZER_OPTIONS = frozenset(
     {"lr", "momentum", "weight_decay", "nesterov", "warmup_epochs", "lr_schedule", "lr_milestones", "lr_gamma",
@@ -67,9 +67,7 @@ APP_DIR = str(Path(__file__).resolve().parent)
 
 #: The first part of every configuration key (and --ckpt_path): a ValueError or FileNotFoundError that starts with one
 #: (``data.batch_size must be >= 1``) is a check of the configuration, said as the parser says its own errors.
-CONFIG_SECTIONS = (
-    "data.", "model.", "trainer.", "profile.", "checkpoint.", "last_checkpoint.", "preemption.", "--ckpt_path "
-)  # fmt: skip
+CONFIG_SECTIONS = (*(f"{section}." for section in SECTIONS), "--ckpt_path ")
 
 
 class ImageNetCLI(LightningCLI):
