@@ -22,6 +22,7 @@ from pytorch_lightning.callbacks import Timer
 from pytorch_lightning.utilities import rank_zero_warn
 
 import shapes_dataset
+from callbacks.bad_images import TRAIN_BAD_IMAGES, VAL_BAD_IMAGES
 from callbacks.resumable_checkpoint import ResumableCheckpoint
 from checkpoint_io import why_unwritable
 from imagenet_module import LOGGED_METRICS
@@ -86,11 +87,16 @@ def _check_sections(config: Any) -> None:
             )
 
 
+def logger_init_args(config: Any) -> Any:
+    """The ``init_args`` of the configuration's ``trainer.logger`` (empty without a logger, or with several)."""
+    logger = config.trainer.get("logger")
+    return logger.get("init_args", {}) if hasattr(logger, "get") else {}
+
+
 def _check_folders(config: Any, subcommand: str | None) -> None:
     """Every folder the run will write to must be one it can write to: found now, not at the first checkpoint
     save after an epoch of training (or when the profiling window closes)."""
-    logger = config.trainer.get("logger")
-    init = logger.get("init_args", {}) if hasattr(logger, "get") else {}
+    init = logger_init_args(config)
     folders = {"trainer.default_root_dir": config.trainer.get("default_root_dir"),
                "trainer.logger.init_args.save_dir": init.get("save_dir")}  # fmt: skip
     if subcommand in (None, "fit"):
@@ -167,7 +173,7 @@ def _check_training_options(config: Any) -> None:
             )
     # Metrics logged by callbacks of the user's own could be monitored too: then a warning, not a refusal.
     theirs = bool(trainer.get("callbacks"))
-    known = (*LOGGED_METRICS, "train_bad_images", "val_bad_images")
+    known = (*LOGGED_METRICS, TRAIN_BAD_IMAGES, VAL_BAD_IMAGES)
     for section in ("checkpoint", "last_checkpoint"):
         options = config.get(section) or {}
         if problem := _filename_format_problem(options.get("filename") or ""):

@@ -402,31 +402,14 @@ class ImageNetDataModule(pl.LightningDataModule):
             # The files of the CPU share are decoded and cropped by the very transforms of decode: cpu.
             share = h.cpu_decode_share
             read_headers = h.nvjpeg == "preallocated"  # the binding that uses the workers' header reading
+
+            def encoded(train: bool, crop: int, transform: Any) -> EncodedSampleLoader:
+                return EncodedSampleLoader(train, crop, h.min_crop_scale, h.val_resize_size, pil_loader, share,
+                                           transform, cpu_loader, read_headers)  # fmt: skip
+
             if stage == "fit":
-                train_loader = EncodedSampleLoader(
-                    True,
-                    h.crop_size,
-                    h.min_crop_scale,
-                    h.val_resize_size,
-                    pil_loader,
-                    share,
-                    normalize_free_train,
-                    cpu_loader,
-                    read_headers,
-                )
-                self.train_set = self._image_folder("train", None, train_loader)
-            val_loader = EncodedSampleLoader(
-                False,
-                h.val_crop_size,
-                h.min_crop_scale,
-                h.val_resize_size,
-                pil_loader,
-                share,
-                normalize_free_val,
-                cpu_loader,
-                read_headers,
-            )
-            self.val_set = self._image_folder("val", None, val_loader)
+                self.train_set = self._image_folder("train", None, encoded(True, h.crop_size, normalize_free_train))
+            self.val_set = self._image_folder("val", None, encoded(False, h.val_crop_size, normalize_free_val))
             return
         if stage == "fit":
             self.train_set = self._image_folder("train", normalize_free_train, cpu_loader)
@@ -443,14 +426,14 @@ class ImageNetDataModule(pl.LightningDataModule):
                 f"with one of the extensions {', '.join(IMG_EXTENSIONS)}"
             ) from error
         world = self._world()[0]
-        if split == "val" and len(images) < world:
-            # In setup, before any step: a rank without a validation batch would skip validation while the others run
-            # it, and their checkpoint decisions would part ways (a hang). Every rank sees this length and refuses.
-            raise ValueError(
-                f"data.root: {folder} holds {len(images)} images for {world} ranks; every rank needs at least one "
-                f"(add validation images or run on at most {len(images)} devices)"
-            )
         if split == "val":
+            if len(images) < world:
+                # In setup, before any step: a rank without a validation batch would skip validation while the others
+                # run it, and their checkpoint decisions would part ways (a hang). Every rank sees this and refuses.
+                raise ValueError(
+                    f"data.root: {folder} holds {len(images)} images for {world} ranks; every rank needs at least one "
+                    f"(add validation images or run on at most {len(images)} devices)"
+                )
             self._check_eval_fractions(folder, len(images), world)
         if split == "train" and len(images) // world < self.batch_size:
             # The sampler gives each rank len // world images and drops the last partial batch: no training step.

@@ -58,7 +58,7 @@ class WeightedMean(Metric):
 
 
 #: What the module logs: every log_every_n_steps steps (train_*), per training epoch (train_loss_epoch), per
-#: validation (val_*); what a checkpoint callback may monitor or name in its file name (train.py checks it).
+#: validation (val_*); what a checkpoint callback may monitor or name in its file name (config_checks.py checks it).
 LOGGED_METRICS = (
     "train_loss", "train_acc1", "train_acc5", "train_img_s", "train_loss_epoch", "val_loss", "val_acc1", "val_acc5"
 )  # fmt: skip
@@ -575,7 +575,7 @@ class ImageNetClassifier(pl.LightningModule):
         loss = self._loss(logits, targets, self.hparams.label_smoothing)
         with torch.no_grad():
             n = targets.numel()
-            hit = logits.topk(min(5, logits.shape[1]), dim=1).indices == targets[:, None]
+            hit = logits.topk(self._top_k, dim=1).indices == targets[:, None]
             hits = torch.stack((hit[:, 0], hit.any(dim=1))).sum(dim=1)
             # The batch size travels as a kernel argument: no host-to-device copy, no sync. A handful of launches per
             # step (the host's time per step is what a GPU waits for after each sync, e.g. fp16's overflow check).

@@ -373,8 +373,7 @@ class ImageNetCLI(LightningCLI):
             last.dirpath = best.dirpath
 
     def _logger_args(self) -> Any:
-        logger = self._section().trainer.get("logger")
-        return logger.get("init_args", {}) if hasattr(logger, "get") else {}
+        return config_checks.logger_init_args(self._section())
 
     def _checkpoints_in_a_new_folder(self) -> bool:
         """Whether this run's last.ckpt goes to a folder of its own (the logger's next version_N), where Lightning's

@@ -37,6 +37,10 @@ def _log_count(pl_module: pl.LightningModule, name: str, loaders: Any) -> None:
         pl_module.log(name, count, on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True)
 
 
+#: The counts this callback logs during a fit (a checkpoint callback may monitor them; config_checks.py).
+TRAIN_BAD_IMAGES, VAL_BAD_IMAGES = "train_bad_images", "val_bad_images"
+
+
 class BadImageCount(Callback):
     """Logs the number of bad images replaced per training epoch and per validation or test run, summed over ranks."""
 
@@ -46,13 +50,13 @@ class BadImageCount(Callback):
         # configuration), so every rank takes part in the one reduction. It is lazy: rank 0's progress bar runs it in
         # its own on_train_epoch_end, the other ranks where Lightning next reads the metrics, so no on_train_epoch_end
         # hook after this one may run a collective of its own (imagenet_module.py).
-        _log_count(pl_module, "train_bad_images", trainer.train_dataloader)
+        _log_count(pl_module, TRAIN_BAD_IMAGES, trainer.train_dataloader)
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        _log_count(pl_module, "val_bad_images", trainer.val_dataloaders)
+        _log_count(pl_module, VAL_BAD_IMAGES, trainer.val_dataloaders)
 
     @override
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
