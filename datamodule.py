@@ -598,7 +598,7 @@ class ImageNetDataModule(pl.LightningDataModule):
             # Batches are (images, targets, bad files); BadImageCounter strips the third in the main process.
             collate_fn=BadImageCollate(encoded_collate if self.gpu_decode else fast_collate),
             # Not for the GPU decode path: nvJPEG reads the JPEG bytes from any host memory, and the pin thread would
-            # drop the shared-memory batch with the GIL held (gpu_decode.release_host_buffer frees it without).
+            # drop the shared-memory batch with the GIL held (buffer_release.release_host_buffer frees it without).
             pin_memory=self._device().type == "cuda" and not self.gpu_decode,
             drop_last=drop_last,
             persistent_workers=workers > 0,

@@ -1,4 +1,4 @@
-"""How long releasing a worker's batch holds the GIL: ``del`` against ``gpu_decode.release_host_buffer``.
+"""How long releasing a worker's batch holds the GIL: ``del`` against ``buffer_release.release_host_buffer``.
 
 A DataLoader worker sends a batch of the GPU decode path (``encoded_batch.encoded_collate``: one buffer in shared
 memory) to the main process. There the buffer is released in one of two ways, while a second thread counts how long
@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from longest_pause import LongestPause  # noqa: E402 (bench/, the script's own folder)
 
+from buffer_release import release_host_buffer  # noqa: E402
 from encoded_batch import Encoded, encoded_collate  # noqa: E402
-from gpu_decode import release_host_buffer  # noqa: E402
 
 
 class Crops(Dataset):

@@ -99,7 +99,7 @@ def instrument(
     sync_release: bool = False, side_priority: int | None = None, decode_priority: int | None = None
 ) -> None:
     """Wraps the loader's ``__next__``, ``queue.Queue.get`` (on the main thread, its wait for the producer), the
-    prefetcher's ``_to_device`` and ``normalize``, ``gpu_decode``'s steps, ``release_host_buffer`` included (on
+    prefetcher's ``_to_device`` and ``normalize``, ``gpu_decode``'s steps, ``buffer_release``'s (on
     the thread that frees the buffer: ``HostBufferReleaser``, or the producer with ``sync_release``), CUDA event and
     stream synchronizations, and nvJPEG's call through either binding; sets the streams' priorities that are given.
     Must run before the data module is imported: it imports ``decode_batch`` by name."""
@@ -107,6 +107,7 @@ def instrument(
     import torch.utils.data.dataloader as dataloader
     import torchvision.io
 
+    import buffer_release
     import encoded_batch
     import gpu_decode
     import nvjpeg_batched
@@ -116,8 +117,10 @@ def instrument(
     timed(queue.Queue, "get", "queue.Queue.get (on MainThread: its wait for the producer)")
     timed(prefetcher.DevicePrefetcher, "_to_device", "_to_device (the whole batch)")
     timed(prefetcher, "normalize", "normalize")
-    for name in ("decode_batch", "_decode", "_crop_resize", "_staged", "release_later", "release_host_buffer"):
+    for name in ("decode_batch", "_decode", "_crop_resize", "_staged"):
         timed(gpu_decode, name, name)
+    for name in ("release_later", "release_host_buffer"):
+        timed(buffer_release, name, name)
     timed(gpu_decode._DecodeStream, "decode", "nvJPEG decode (_DecodeStream.decode)")
     timed(encoded_batch.PackedBatch, "unpack", "PackedBatch.unpack")
     timed(torch.cuda.Event, "synchronize", "torch.cuda.Event.synchronize")
@@ -136,9 +139,9 @@ def instrument(
 
         def release_here(buffers: list) -> None:
             for buffer in buffers:
-                gpu_decode.release_host_buffer(buffer)
+                buffer_release.release_host_buffer(buffer)
 
-        gpu_decode._Releaser.hand_over = release_here
+        buffer_release._Releaser.hand_over = release_here
     if side_priority is not None:
         prefetcher.SIDE_STREAM_PRIORITY = side_priority
     if decode_priority is not None:

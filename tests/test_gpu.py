@@ -216,8 +216,9 @@ def test_split_decode_copies_the_finished_crops_exactly_and_decodes_the_rest(tmp
 
     from torchvision import transforms
 
+    from buffer_release import release_pending
     from encoded_batch import EncodedSampleLoader, encoded_collate
-    from gpu_decode import decode_batch, release_pending
+    from gpu_decode import decode_batch
     from image_loading import load_rgb
 
     root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=3, val_per_class=1, image_size=120)

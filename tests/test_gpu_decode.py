@@ -1,12 +1,11 @@
-"""The GPU decode path's GPU side, on the CPU where it runs there: packed batches decoded, the host buffers' release,
-and the crop/resize/flip stage (the batched one against the per-image reference). The workers' side is in
-tests/test_encoded_batch.py."""
+"""The GPU decode path's GPU side, on the CPU where it runs there: packed batches decoded and the crop/resize/flip
+stage (the batched one against the per-image reference). The workers' side is in tests/test_encoded_batch.py, the
+host buffers' release in tests/test_buffer_release.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,17 +18,10 @@ from torchvision import transforms
 from torchvision.io import decode_jpeg, read_file
 
 import bad_image_policy
-import gpu_decode
+from buffer_release import release_pending
 from datamodule import ImageNetDataModule
 from encoded_batch import Encoded, EncodedSampleLoader, PackedBatch, center_crop_geometry, encoded_collate
-from gpu_decode import (
-    _groups,
-    decode_batch,
-    decode_crop_resize,
-    decode_crop_resize_reference,
-    release_host_buffer,
-    release_pending,
-)
+from gpu_decode import _groups, decode_batch, decode_crop_resize, decode_crop_resize_reference
 from image_loading import load_rgb
 from prefetcher import normalize
 
@@ -177,106 +169,6 @@ def test_packed_batches_from_worker_processes_decode_as_in_the_main_process(file
     assert len(in_workers) == len(in_main) == 3
     for (x, y), (ref_x, ref_y) in zip(in_workers, in_main, strict=True):
         assert torch.equal(y, ref_y) and torch.equal(x, ref_x)
-
-
-def test_cuda_batches_buffers_are_released_on_the_releaser_thread_once_their_work_is_done(monkeypatch):
-
-    released: list[tuple[str, int]] = []
-    real = gpu_decode.release_host_buffer
-
-    def spy(buffer: torch.Tensor) -> bool:
-        released.append((threading.current_thread().name, buffer.numel()))
-        return real(buffer)
-
-    class Event:  # stands in for a CUDA event: whether the batch's work has passed
-        def __init__(self, done: bool) -> None:
-            self.done = done
-
-        def query(self) -> bool:
-            return self.done
-
-    monkeypatch.setattr(gpu_decode, "release_host_buffer", spy)
-    monkeypatch.setattr(gpu_decode._PendingRelease, "pending", [])
-    done, busy = (torch.ones(2**20, dtype=torch.uint8).share_memory_() for _ in range(2))
-    busy_event = Event(False)
-    gpu_decode._PendingRelease.pending += [(Event(True), done), (busy_event, busy)]
-    assert gpu_decode.release_pending(wait=True) == 1  # the one whose work is still queued waits
-    assert done.numel() == 0 and busy.numel() == 2**20
-    assert released == [("HostBufferReleaser", 2**20)]  # not the caller's thread: the producer does not pay for it
-    busy_event.done = True
-    assert gpu_decode.release_pending(wait=True) == 0 and busy.numel() == 0
-    cpu = torch.ones(16, dtype=torch.uint8)
-    gpu_decode.release_later(cpu, torch.device("cpu"))  # a CPU batch: released by the caller, at once
-    assert cpu.numel() == 0 and released[-1] == (threading.current_thread().name, 16)
-
-
-def test_a_failed_release_reaches_the_producer_and_the_releaser_goes_on(monkeypatch):
-
-    real = gpu_decode.release_host_buffer
-
-    def failing(buffer: torch.Tensor) -> bool:
-        if buffer.numel() == 7:
-            raise ValueError("cannot free this one")
-        return real(buffer)
-
-    monkeypatch.setattr(gpu_decode, "release_host_buffer", failing)
-    bad, good = torch.ones(7, dtype=torch.uint8), torch.ones(9, dtype=torch.uint8).share_memory_()
-    gpu_decode._Releaser.hand_over([bad, good])
-    with pytest.raises(RuntimeError, match="freeing the host buffer of a batch failed: cannot free this one"):
-        gpu_decode._Releaser.wait()  # raised once, where the producer would see it; not a hang
-    assert good.numel() == 0 and gpu_decode._Releaser.inflight == 0
-    later = torch.ones(9, dtype=torch.uint8).share_memory_()
-    gpu_decode._Releaser.hand_over([later])  # the thread survived the error
-    gpu_decode._Releaser.wait()
-    assert later.numel() == 0 and gpu_decode._Releaser.thread.is_alive()
-
-
-def test_a_forked_child_starts_the_releaser_afresh():
-    import os
-    import signal
-
-    gpu_decode._Releaser.hand_over([torch.ones(4, dtype=torch.uint8).share_memory_()])
-    gpu_decode._Releaser.wait()
-    with gpu_decode._Releaser.cond:  # forked while another thread holds the lock: the child must not inherit it
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover (the child: it must never return into pytest)
-            code = 1
-            try:
-                signal.alarm(20)  # a child that inherited the held lock would hang: let it die instead
-                ok = gpu_decode._Releaser.thread is None and gpu_decode._Releaser.inflight == 0
-                child = torch.ones(4, dtype=torch.uint8).share_memory_()
-                gpu_decode._Releaser.hand_over([child])
-                gpu_decode._Releaser.wait()
-                code = 0 if ok and child.numel() == 0 else 1
-            finally:
-                os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-
-
-def test_where_no_thread_can_start_the_caller_releases(monkeypatch):
-
-    def refuse(self) -> None:
-        raise RuntimeError("can't create new thread at interpreter shutdown")
-
-    monkeypatch.setattr(gpu_decode._Releaser, "thread", None)
-    monkeypatch.setattr(threading.Thread, "start", refuse)
-    buffer = torch.ones(4, dtype=torch.uint8).share_memory_()
-    gpu_decode._Releaser.hand_over([buffer])
-    assert buffer.numel() == 0 and gpu_decode._Releaser.inflight == 0 and gpu_decode._Releaser.thread is None
-
-
-def test_a_shared_buffer_is_freed_unless_another_tensor_still_reads_it():
-    alone = torch.arange(3 * 2**20, dtype=torch.int32).to(torch.uint8).share_memory_()
-    assert release_host_buffer(alone) and alone.numel() == 0  # its pages went back (madvise on Linux)
-
-    viewed = torch.full((3 * 2**20,), 7, dtype=torch.uint8).share_memory_()
-    view = viewed[4096:]
-    assert not release_host_buffer(viewed) and viewed.numel() == 0
-    assert bool((view == 7).all())  # the other tensor keeps its data: only the first lost its storage
-
-    private = torch.ones(4096, dtype=torch.uint8)  # not shared memory: nothing to free early
-    assert not release_host_buffer(private) and private.numel() == 0
 
 
 @pytest.mark.parametrize(

@@ -80,11 +80,11 @@ def test_times_each_step_of_a_real_split_run_per_thread(split_script) -> None:
 def test_sync_release_frees_a_cuda_batchs_buffer_on_the_calling_thread(tmp_path) -> None:
     script = tmp_path / "hand_over.py"
     script.write_text(
-        "import torch, gpu_decode\n"
+        "import torch, buffer_release\n"
         "buffer = torch.ones(4096, dtype=torch.uint8).share_memory_()\n"
-        "gpu_decode._Releaser.hand_over([buffer])\n"
-        "print('AT ONCE', buffer.numel() == 0, 'THREAD', gpu_decode._Releaser.thread is not None)\n"
-        "gpu_decode._Releaser.wait()\n"
+        "buffer_release._Releaser.hand_over([buffer])\n"
+        "print('AT ONCE', buffer.numel() == 0, 'THREAD', buffer_release._Releaser.thread is not None)\n"
+        "buffer_release._Releaser.wait()\n"
         "print('RELEASED', buffer.numel() == 0)\n"
     )
     synced = run("--sync-release", "--", str(script)).stdout
