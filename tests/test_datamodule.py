@@ -331,6 +331,9 @@ def test_resume_with_another_batch_size_or_world_size_warns(shapes_root: Path) -
         dm.load_state_dict({"train_position": position | {"batches": done}})
         # The end of an epoch that trainer.limit_train_batches cut short, as Lightning counted its batches.
         dm.load_state_dict({"train_position": position | {"batches": 3, "epoch_batches": 3}})
+        # A checkpoint from before epoch_batches was saved, at the end of an epoch of two ranks: each rank's share.
+        two_ranks = {"epoch": 1, "batches": len(dm.train_set) // 2 // 8, "batch_size": 8, "world_size": 2}
+        dm.load_state_dict({"train_position": two_ranks})
     assert not [w for w in caught if "not exactly" in str(w.message)]
     with pytest.warns(UserWarning, match="not exactly the interrupted run's"):
         dm.load_state_dict({"train_position": position | {"batches": 2, "epoch_batches": 3}})
@@ -502,6 +505,7 @@ def test_synthetic_source_needs_no_files(tmp_path: Path) -> None:
     assert (len(train_loader), len(val_loader)) == (3, 2)
     images, targets = next(iter(train_loader))
     assert images.shape == (4, 3, 16, 16) and int(targets.max()) < 7
+    assert not torch.equal(next(iter(val_loader))[0], images)  # validation is not the one batch it trains on
 
 
 def test_hidden_folders_and_files_are_neither_classes_nor_samples(shapes_root: Path, tmp_path: Path) -> None:

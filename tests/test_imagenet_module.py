@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -732,6 +733,35 @@ def test_the_interval_speed_leaves_out_validation_and_the_epoch_end(monkeypatch:
     trainer.fit(model, data, data)
     assert len(logged) == 6  # steps 2, 4, ..., 12
     assert logged == [pytest.approx(batch / 1.0)] * 6  # one second a step, every interval
+
+
+def test_the_interval_speed_counts_every_micro_batch_and_the_print_line_says_the_logged_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """train_img_s is the global batch's images a second (not one micro-batch's), and the print-freq line's Prec@1 and
+    Prec@5 are the logged train_acc1 and train_acc5."""
+    clock = _FakeClock()
+    monkeypatch.setattr(imagenet_module, "time", clock)
+    lines: list[str] = []
+    monkeypatch.setattr(imagenet_module, "rank_zero_info", lines.append)
+
+    class Timed(ImageNetClassifier):
+        def training_step(self, batch_: Any, batch_idx: int) -> torch.Tensor:
+            clock.now += 1.0  # each micro-batch takes one second
+            return super().training_step(batch_, batch_idx)
+
+    model = Timed(arch="resnet18", num_classes=10, batch_size=4, warmup_epochs=0)
+    logged: list[dict] = []
+    model.log_dict = lambda metrics, **_: logged.append({k: float(v) for k, v in metrics.items()})
+    generator = torch.Generator().manual_seed(0)
+    images, targets = torch.randn(32, 3, 32, 32, generator=generator), torch.arange(32) % 10
+    trainer = pl.Trainer(accelerator="cpu", max_steps=4, log_every_n_steps=1, accumulate_grad_batches=2,
+                         limit_val_batches=0, **QUIET)  # fmt: skip
+    trainer.fit(model, DataLoader(TensorDataset(images, targets), batch_size=4))
+    assert [m["train_img_s"] for m in logged] == pytest.approx([8 / 2.0] * 3)  # 2 micro-batches of 4 in 2 s
+    said = [re.search(r"Prec@1 (\S+)\tPrec@5 (\S+)", line) for line in lines]
+    printed = [(float(m[1]), float(m[2])) for m in said if m]
+    assert printed == [(round(100 * m["train_acc1"], 3), round(100 * m["train_acc5"], 3)) for m in logged]
 
 
 def test_interval_metrics_reach_the_csv_after_a_resume_with_another_accumulation(tmp_path: Path) -> None:

@@ -169,6 +169,7 @@ def test_synthetic_batches() -> None:
     assert torch.equal(again.images, images) and torch.equal(again.targets, targets)
     assert not torch.equal(SyntheticBatches(6, 12, 5, 4, "cpu", seed=4).images, images)
     assert len(list(SyntheticBatches(6, 12, 5, 0, "cpu"))) == 0
+    assert set(SyntheticBatches(256, 4, 3, 1, "cpu").targets.tolist()) == {0, 1, 2}  # the last class too
 
 
 def test_synthetic_batches_channels_last() -> None:

@@ -14,6 +14,14 @@ import shapes_dataset
 SMALL = {"train_per_class": 2, "val_per_class": 1, "image_size": 16}
 
 
+def test_another_seed_draws_other_images(tmp_path: Path) -> None:
+    """data.seed picks the generated dataset (the docs' promise): not only the warning of another seed's folder."""
+    first = shapes_dataset.generate(tmp_path / "a", train_per_class=1, val_per_class=1, image_size=16, seed=0)
+    other = shapes_dataset.generate(tmp_path / "b", train_per_class=1, val_per_class=1, image_size=16, seed=1)
+    name = "train/circle/circle_00000.JPEG"
+    assert (first / name).read_bytes() != (other / name).read_bytes()
+
+
 def test_a_link_to_an_empty_folder_gets_the_dataset_in_that_folder(tmp_path: Path) -> None:
     (tmp_path / "storage" / "empty").mkdir(parents=True)
     link = tmp_path / "shapes10"
