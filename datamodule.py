@@ -473,10 +473,11 @@ class ImageNetDataModule(pl.LightningDataModule):
         # ImageNet's test labels are not public: "test" evaluates the val split, as the original's -e did.
         if self.source != "synthetic":
             rank_zero_info(f"test evaluates {self.root / 'val'}, as validate does (its metrics named test_*)")
-            if (self.root / "test").is_dir():
+            test = self.root / "test"
+            if test.is_dir() and any(entry.is_dir() for entry in test.iterdir()):
                 rank_zero_warn(
-                    f"{self.root / 'test'} is not read: test evaluates {self.root / 'val'}; to score the images of "
-                    "test/, pass --data.root a folder whose val/ is (a link to) that test/"
+                    f"{test} is not read: test evaluates {self.root / 'val'}; to score the images of test/, pass "
+                    f"--data.root a folder holding links train -> {self.root / 'train'} and val -> {test}"
                 )
         return self.val_dataloader()
 

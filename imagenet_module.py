@@ -289,12 +289,12 @@ class ImageNetClassifier(pl.LightningModule):
                 "steps_per_epoch": self._steps_per_epoch,
                 "global_batch": self.global_batch_size(),
             }
+        if (names := self._class_names()) is not None:
+            checkpoint["class_names"] = names  # checked when the checkpoint is evaluated or resumed on other data
         # The epoch's loss so far, for train_loss_epoch after a resume inside the epoch (one small copy to the host, at
         # a checkpoint only). Under DDP rank 0 writes the file: every rank resumes with rank 0's share, an estimate of
         # its own; on one device the resumed epoch logs the uninterrupted run's mean. Not after the epoch's last batch:
         # the resumed run starts the next epoch, with Lightning's current_epoch not always moved on yet (max_steps).
-        if (names := self._class_names()) is not None:
-            checkpoint["class_names"] = names  # checked when the checkpoint is evaluated or resumed on other data
         trainer = self._trainer
         if trainer is not None and trainer.state.fn == "fit" and inside_the_epoch(trainer):
             checkpoint["train_epoch_loss"] = {

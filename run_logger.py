@@ -10,7 +10,12 @@ dropped, not continued by the resumed run's first row.
 Lightning's writer rewrites the whole file in place when a metric appears that its header lacks (the first
 validation's, or a resumed segment's): a kill or a full disk during that rewrite left the header alone, the history
 gone. Here the rewrite goes through a synced temporary file and a rename (:func:`atomic_files.atomic_write`), so the
-file is the old one or the whole new one.
+file is the old one or the whole new one. A fresh run into a folder with an earlier run's file replaces it the same
+way at its first rows (Lightning deleted it when its writer was made, so a run refused before its first step, or
+killed before it logged, left no results at all).
+
+``validate`` and ``test`` write ``validate_metrics.csv`` and ``validate_hparams.yaml`` (``test_*``; train.py sets
+:attr:`RunLogger.file_prefix`): in a fit's folder beside its files, not over them.
 
 :class:`NewRunFolder` takes back the run folder of a run refused before its first step.
 """
@@ -32,7 +37,9 @@ from atomic_files import atomic_write
 
 
 class _AtomicRewriteWriter(ExperimentWriter):
-    """Lightning's writer, whose rewrite of ``metrics.csv`` with a wider header replaces the file atomically.
+    """Lightning's writer, whose rewrites of ``metrics.csv`` replace the file atomically: the rewrite with a wider
+    header, and the replacement of an earlier run's file, which waits for this run's first rows (Lightning deleted it
+    when the writer was made, so a run refused or killed before it logged anything took the earlier results with it).
 
     ``prefix`` goes before its file names (``validate_`` gives ``validate_metrics.csv`` and ``validate_hparams.yaml``).
     """
@@ -42,21 +49,25 @@ class _AtomicRewriteWriter(ExperimentWriter):
         self.NAME_METRICS_FILE = prefix + ExperimentWriter.NAME_METRICS_FILE
         self.NAME_HPARAMS_FILE = prefix + ExperimentWriter.NAME_HPARAMS_FILE
         self._prefix = prefix
+        self._replaces = False  # an earlier run's file, replaced at this run's first save
         super().__init__(log_dir)
 
     def _check_log_dir_exists(self) -> None:
-        if not self._prefix:
+        if not isinstance(self._fs, LocalFileSystem):  # an object store: Lightning's way
             super()._check_log_dir_exists()
             return
-        # An evaluation's files beside a fit's in its folder: only its own earlier file is replaced (Lightning's
-        # warning says every file of the folder would be).
-        if self._fs.isfile(self.metrics_file_path):
-            rank_zero_warn(f"replacing {self.metrics_file_path}, an earlier run's")
-            self._fs.rm_file(self.metrics_file_path)
+        self._replaces = self._fs.isfile(self.metrics_file_path)
+        if self._replaces:
+            rank_zero_warn(f"{self.metrics_file_path}, an earlier run's, is replaced at this run's first metrics")
 
     def save(self) -> None:
         known = list(self.metrics_keys)
         try:
+            if self._replaces and self.metrics:
+                self._record_new_keys()
+                self._write_whole(self.metrics_keys, self.metrics)
+                self.metrics, self._replaces = [], False
+                return
             super().save()
         except BaseException:
             # Lightning records new columns before it rewrites the file: after a failed rewrite, the next save would
@@ -70,6 +81,9 @@ class _AtomicRewriteWriter(ExperimentWriter):
             return
         with open(self.metrics_file_path, newline="") as file:
             rows = list(csv.DictReader(file))
+        self._write_whole(fieldnames, rows)
+
+    def _write_whole(self, fieldnames: list[str], rows: list[dict]) -> None:
         text = io.StringIO(newline="")
         writer = csv.DictWriter(text, fieldnames=fieldnames)
         writer.writeheader()

@@ -382,8 +382,11 @@ class ImageNetCLI(LightningCLI):
         config = self._section()
         fixed = config.get("last_checkpoint", {}).get("dirpath")
         # Without a logger, Lightning's checkpoints go to the fixed <default_root_dir>/checkpoints.
-        no_logger = config.trainer.get("logger") is False or config.trainer.get("logger") == []
-        return not fixed and not no_logger and self._logger_args().get("version") is None
+        return not fixed and not self._without_logger() and self._logger_args().get("version") is None
+
+    def _without_logger(self) -> bool:
+        logger = self._section().trainer.get("logger")
+        return logger is False or logger == []
 
     def _what_last_would_miss(self) -> str | None:
         """Why ``--ckpt_path last`` would miss the latest checkpoint (last_checkpoint's or the preemption handler's),
@@ -429,6 +432,8 @@ class ImageNetCLI(LightningCLI):
 
     def _newest_last_checkpoint(self) -> str:
         """Advice: the newest last.ckpt among the runs of this run's name (every version folder), if any."""
+        if self._without_logger():  # no run folders of a name: the one folder was searched already
+            return "pass the checkpoint file"
         root = self._runs_of_this_name()
         found = sorted(root.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
         if not found:
@@ -443,10 +448,11 @@ class ImageNetCLI(LightningCLI):
     def _last_checkpoint_folder(self) -> Path:
         """Where last_checkpoint writes (and Lightning's ``last`` looks), for a run whose folder is fixed."""
         config = self._section()
+        # Lightning expands ~ in both (ModelCheckpoint's dirpath, Trainer.default_root_dir).
         if fixed := config.get("last_checkpoint", {}).get("dirpath"):
-            return Path(fixed)
-        if config.trainer.get("logger") is False or config.trainer.get("logger") == []:
-            return Path(config.trainer.get("default_root_dir") or ".") / "checkpoints"
+            return Path(fixed).expanduser()
+        if self._without_logger():
+            return Path(config.trainer.get("default_root_dir") or ".").expanduser() / "checkpoints"
         version = self._logger_args().get("version")
         run = version if isinstance(version, str) else f"version_{version}"  # as Lightning's CSVLogger names it
         return self._runs_of_this_name() / run / "checkpoints"

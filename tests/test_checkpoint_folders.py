@@ -126,6 +126,28 @@ def test_ckpt_path_last_is_refused_where_it_would_miss_the_latest_state(args, tm
     assert not (tmp_path / "runs").exists()  # refused before any run folder
 
 
+def test_validate_last_looks_where_lightning_does_home_expanded_and_without_a_logger(
+    args, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused
+) -> None:
+    """Lightning expands ~ in last_checkpoint.dirpath and trainer.default_root_dir: validate --ckpt_path last was
+    refused there though Lightning would find the checkpoint; without a logger the advice named runs/lightning_logs."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / "ck").mkdir(parents=True)
+    said = refused(["validate", *args, "--last_checkpoint.dirpath", "~/ck", "--ckpt_path", "last"])
+    assert f"no last*.ckpt in {tmp_path / 'home' / 'ck'}, so validate would evaluate" in said
+    (tmp_path / "home" / "ck" / "last.ckpt").write_bytes(b"")
+    asked: list[str] = []
+    monkeypatch.setattr(pl.Trainer, "validate", lambda self, *a, ckpt_path=None, **k: asked.append(ckpt_path))
+    main_args = ["validate", *args, "--last_checkpoint.dirpath", "~/ck", "--ckpt_path", "last"]
+    train.main(main_args)  # found: Lightning's to load
+    assert asked == ["last"]
+    root = str(tmp_path / "root")
+    said = refused(["validate", *args, "--trainer.logger", "false", "--trainer.default_root_dir", root,
+                    "--ckpt_path", "last"])  # fmt: skip
+    assert said.endswith(f"no last*.ckpt in {tmp_path / 'root' / 'checkpoints'}, so validate would evaluate a "
+                         "randomly initialized model; pass the checkpoint file")  # fmt: skip
+
+
 # --- --ckpt_path files that are not Lightning checkpoints -------------------------------------------------------
 def test_a_main_amp_checkpoint_is_refused_saying_how_to_convert_it(args, tmp_path: Path, refused) -> None:
     model = torchvision.models.resnet18(num_classes=10)

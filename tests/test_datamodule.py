@@ -431,9 +431,24 @@ def test_test_says_it_evaluates_val_and_that_a_test_folder_is_not_read(
         dm.test_dataloader()
     assert f"test evaluates {root / 'val'}, as validate does" in caplog.text
     assert not [w for w in caught if "is not read" in str(w.message)]
+    (root / "test").mkdir()  # empty: nothing to say
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dm.test_dataloader()
+    assert not [w for w in caught if "is not read" in str(w.message)]
+    shutil.rmtree(root / "test")
     shutil.copytree(root / "val", root / "test")  # labelled images of its own that test would not score
     with pytest.warns(UserWarning, match=re.escape(f"{root / 'test'} is not read: test evaluates {root / 'val'}")):
         dm.test_dataloader()
+    # What the warning advises works: a folder of two links scores test/.
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "train").symlink_to(root / "train")
+    (links / "val").symlink_to(root / "test")
+    scored = small_dm(links, batch_size=7)
+    scored.trainer = fake_trainer()
+    scored.setup("test")
+    assert len(scored.test_dataloader().dataset) == len(dm.val_set)
 
 
 def test_val_batches_are_center_crops_normalized_by_imagenets_mean_and_std(shapes_root: Path) -> None:

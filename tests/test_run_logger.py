@@ -1,6 +1,7 @@
 """run_logger.py: a requeued job resuming into its fixed run folder keeps the metrics of the segments before it
-(Lightning's CSVLogger deleted metrics.csv when the resumed run started); a fresh run into that folder starts anew.
-A run refused before its first step leaves no run folder behind."""
+(Lightning's CSVLogger deleted metrics.csv when the resumed run started); a fresh run into that folder starts anew,
+at its first rows (before them the earlier file stays). A run refused before its first step leaves no run folder
+behind."""
 
 from __future__ import annotations
 
@@ -42,9 +43,28 @@ def test_a_fresh_run_into_the_same_folder_starts_its_metrics_anew(shapes_root, t
                     trainer__logger__init_args__version="fixed")  # fmt: skip
     folder = tmp_path / "logs" / "fixed"
     train.main(["fit", *job, "--trainer.max_steps", "3"])
-    with pytest.warns(UserWarning, match="will be deleted"):  # Lightning's own: no checkpoint, no continuation
-        train.main(["fit", *job, "--trainer.max_steps", "2"])
+    with pytest.warns(UserWarning, match="an earlier run's, is replaced at this run's first metrics"):
+        train.main(["fit", *job, "--trainer.max_steps", "2"])  # no checkpoint: no continuation
     assert steps_logged(folder) == [1]
+
+
+@pytest.mark.parametrize("prefix", ["", "validate_"])
+def test_an_earlier_runs_file_is_replaced_whole_at_the_first_rows_not_when_the_run_starts(tmp_path, prefix):
+    """A run refused in setup, or killed before it logged, deleted the earlier run's metrics and wrote none."""
+    (tmp_path / "run").mkdir()
+    earlier = tmp_path / "run" / f"{prefix}metrics.csv"
+    earlier.write_text("epoch,step,val_acc1\n0,9,0.5\n")
+    logger = RunLogger(save_dir=str(tmp_path), name="", version="run")
+    logger.file_prefix = prefix
+    with pytest.warns(UserWarning, match="is replaced at this run's first metrics"):
+        writer = logger.experiment
+    assert earlier.read_text() == "epoch,step,val_acc1\n0,9,0.5\n"  # refused here: the earlier results stay
+    writer.log_metrics({"val_acc5": 0.75}, step=0)
+    writer.save()
+    assert earlier.read_text().splitlines() == ["step,val_acc5", "0,0.75"]  # the new run's alone
+    writer.log_metrics({"val_acc5": 0.5}, step=1)
+    writer.save()
+    assert earlier.read_text().splitlines() == ["step,val_acc5", "0,0.75", "1,0.5"]
 
 
 def test_a_new_run_folder_holding_only_setup_files_is_taken_back_with_its_new_parents(tmp_path):
