@@ -48,7 +48,6 @@ class _AtomicRewriteWriter(ExperimentWriter):
         # Before Lightning's __init__, which reads them (as instance attributes they shadow the class's).
         self.NAME_METRICS_FILE = prefix + ExperimentWriter.NAME_METRICS_FILE
         self.NAME_HPARAMS_FILE = prefix + ExperimentWriter.NAME_HPARAMS_FILE
-        self._prefix = prefix
         self._replaces = False  # an earlier run's file, replaced at this run's first save
         super().__init__(log_dir)
 
