@@ -41,13 +41,17 @@ class ConfigError(ValueError):
 
 
 def check_parsed(config: Any) -> None:
-    """Right after the parse, before LightningCLI reads a checkpoint or seeds: empty paths, ``~`` in ``data.root``
+    """Right after the parse, before LightningCLI reads a checkpoint or seeds: empty paths, ``~`` in the paths
     (expanded in ``config``) and the seed's range. ``config``: the subcommand's."""
     for key in PATH_KEYS:
-        value = config
-        for part in key.split("."):
-            value = value.get(part) if hasattr(value, "get") else None
-        if isinstance(value, str) and not value.strip():
+        *parents, name = key.split(".")
+        parent = config
+        for part in parents:
+            parent = parent.get(part) if hasattr(parent, "get") else None
+        value = parent.get(name) if hasattr(parent, "get") else None
+        if not isinstance(value, str):
+            continue
+        if not value.strip():
             # An unset $VAR in a job script: the current folder to Lightning (last.ckpt landed there), no file to
             # torchvision (model.weights "" trained from random weights).
             option = "--ckpt_path" if key == "ckpt_path" else key
@@ -55,9 +59,9 @@ def check_parsed(config: Any) -> None:
                 f"{option} is an empty string (an unset environment variable?): give a path, or leave it out for its "
                 "default"
             )
-    data = config.get("data")
-    if data is not None and isinstance(data.get("root"), str):
-        data.root = os.path.expanduser(data.root)  # the home folder, as in Lightning's checkpoint paths
+        # ~ is the home folder, as Lightning's checkpoint paths have it: for this app's own reads of the paths too
+        # (the logger's metrics rewrite, --ckpt_path last's search, the data folder), and in the saved config.
+        parent[name] = os.path.expanduser(value)
     # LightningCLI seeds before the classes are built, from a value it does not check: a traceback.
     seed = config.get("seed_everything")
     if not isinstance(seed, bool) and isinstance(seed, int) and not 0 <= seed <= 2**32 - 1:

@@ -17,7 +17,8 @@ killed before it logged, left no results at all).
 ``validate`` and ``test`` write ``validate_metrics.csv`` and ``validate_hparams.yaml`` (``test_*``; train.py sets
 :attr:`RunLogger.file_prefix`): in a fit's folder beside its files, not over them.
 
-:class:`NewRunFolder` takes back the run folder of a run refused before its first step.
+:class:`NewRunFolder` takes back the run folder of a run refused before its first step (or its setup files, in a folder
+that was there).
 """
 
 from __future__ import annotations
@@ -148,11 +149,14 @@ _WRITTEN_BEFORE_TRAINING = frozenset(
 
 
 class NewRunFolder:
-    """The folders a run is about to create for its logs (its ``version_N`` and any parent missing so far).
+    """The folders a run is about to create for its logs (its ``version_N`` and any parent missing so far), and the
+    setup files it is about to write into a folder that exists already.
 
     A run refused in setup (a batch larger than the dataset, a profiled rank that does not exist) still had its
     logger create ``version_N``: every mistake left a folder behind that holds nothing, and the next run's number
-    skipped it. :meth:`remove_if_unused` takes them back when the run wrote nothing of its own into them.
+    skipped it. A run refused in a fixed folder (``--trainer.logger.init_args.version NAME``, a class-name or restore
+    refusal) had already replaced its ``config.yaml`` and ``hparams.yaml``, which then described a run that never
+    ran beside the metrics of the one that did. :meth:`take_back` undoes both.
 
     Args:
         log_dir: the logger's folder for this run, before the run starts.
@@ -162,13 +166,26 @@ class NewRunFolder:
         path = Path(log_dir)
         # Deepest first: the run's folder, then each parent this run would create.
         self.created = [folder for folder in (path, *path.parents) if not folder.exists()]
+        self.log_dir = path
+        # The setup files of a folder that exists (a metrics file is replaced only at the first rows: not one).
+        self._setup_before = {
+            name: (path / name).read_bytes() if (path / name).is_file() else None
+            for name in _WRITTEN_BEFORE_TRAINING
+            if not name.endswith("metrics.csv") and not self.created
+        }
 
-    def remove_if_unused(self) -> bool:
-        """Removes the folders this run created if they hold nothing but what a run writes before its first step;
-        returns whether the run's folder is gone. A folder that existed before stays, and so does one holding
-        anything else (a checkpoint, a metrics row, a report, a file of any other name). Two runs started at once
-        into the same new version_N (Lightning numbers them by listing the folder) could lose each other's
-        config.yaml here, never a result."""
+    def take_back(self) -> bool:
+        """Removes the folders this run created if they hold nothing but what a run writes before its first step, or
+        puts back the setup files of the folder that was there; returns whether the run's folder is gone. A folder
+        holding anything else (a checkpoint, a metrics row, a report, a file of any other name) stays. Two runs
+        started at once into the same new version_N (Lightning numbers them by listing the folder) could lose each
+        other's config.yaml here, never a result."""
+        for name, before in self._setup_before.items():
+            path = self.log_dir / name
+            if before is None:
+                path.unlink(missing_ok=True)
+            elif not path.is_file() or path.read_bytes() != before:
+                atomic_write(path, lambda file, data=before: file.write(data))
         if not self.created:
             return False
         log_dir = self.created[0]

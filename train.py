@@ -501,7 +501,7 @@ class ImageNetCLI(LightningCLI):
             elif not said.startswith(CONFIG_SECTIONS):
                 raise
             if new_folder is not None:
-                new_folder.remove_if_unused()
+                new_folder.take_back()
             self._refuse(said)
 
     def _new_run_folder(self) -> NewRunFolder | None:

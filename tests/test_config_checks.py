@@ -134,9 +134,13 @@ def test_a_data_root_under_home_is_the_home_folders(
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     cli = built(["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", "~/shapes",
-                "--trainer.accelerator", "cpu"])  # fmt: skip
+                "--trainer.accelerator", "cpu", "--trainer.logger.init_args.save_dir", "~/runs",
+                "--last_checkpoint.dirpath", "~/ck"])  # fmt: skip
     assert cli.datamodule.root == tmp_path / "home" / "shapes"
     assert cli.config.data.root == str(tmp_path / "home" / "shapes")  # the saved config.yaml's too
+    # The logger's too: its metrics rewrite opened '~/runs/...' itself (a crash after the first epoch).
+    assert cli.trainer.logger.log_dir.startswith(str(tmp_path / "home" / "runs"))
+    assert cli.config.last_checkpoint.dirpath == str(tmp_path / "home" / "ck")
 
 
 def test_a_monitor_a_callback_of_the_users_may_log_is_a_warning(

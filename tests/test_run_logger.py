@@ -74,7 +74,7 @@ def test_a_new_run_folder_holding_only_setup_files_is_taken_back_with_its_new_pa
     (log_dir / "checkpoints").mkdir(parents=True)
     (log_dir / "config.yaml").write_text("model: {}\n")
     (log_dir / "metrics.csv").write_text("epoch,step\n")  # a header, no row
-    assert folder.remove_if_unused()
+    assert folder.take_back()
     assert list(tmp_path.iterdir()) == []
 
 
@@ -88,17 +88,32 @@ def test_a_run_folder_holding_a_result_stays(tmp_path, result):
     path = log_dir / result[0]
     path.parent.mkdir(parents=True)
     path.write_bytes(result[1])
-    assert not folder.remove_if_unused()
+    assert not folder.take_back()
     assert path.read_bytes() == result[1]
+
+
+def test_a_refused_run_puts_back_the_setup_files_of_a_folder_that_was_there(tmp_path):
+    """A refusal after the config was saved (a restore's, in a fixed folder) left config.yaml describing a run that
+    never ran beside the earlier run's metrics."""
+    log_dir = tmp_path / "fixed"
+    log_dir.mkdir()
+    (log_dir / "config.yaml").write_text("data: {root: trained}\n")
+    (log_dir / "metrics.csv").write_text("epoch,step\n0,1\n")
+    folder = NewRunFolder(log_dir)
+    (log_dir / "config.yaml").write_text("data: {root: refused}\n")  # what the refused run saved in its setup
+    (log_dir / "validate_config.yaml").write_text("data: {root: refused}\n")
+    assert not folder.take_back()  # the folder stays
+    assert (log_dir / "config.yaml").read_text() == "data: {root: trained}\n"
+    assert sorted(p.name for p in log_dir.iterdir()) == ["config.yaml", "metrics.csv"]
 
 
 def test_folders_that_were_there_before_the_run_stay(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "version_0").mkdir()
-    assert not NewRunFolder(tmp_path / "runs" / "version_0").remove_if_unused()  # not this run's
+    assert not NewRunFolder(tmp_path / "runs" / "version_0").take_back()  # not this run's
     folder = NewRunFolder(tmp_path / "runs" / "version_1")
     (tmp_path / "runs" / "version_1").mkdir()
-    assert folder.remove_if_unused()
+    assert folder.take_back()
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["version_0"]
 
 

@@ -270,6 +270,12 @@ def test_a_folder_with_other_class_names_is_refused_before_it_is_scored(
         f"--ckpt_path {trained['last']} was trained with other class names: label 1 is 'circle' there and 'cross' in "
         "this run's data.root" in said
     )
+    # Refused in the fit's own folder, the refused run's config is not left there.
+    folder = trained["log_dir"]
+    before = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+    args = [*trained["args"], "--data.root", str(root), "--trainer.logger.init_args.version", folder.name]
+    refused(["validate", *args, "--ckpt_path", str(trained["last"])])
+    assert {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()} == before
 
 
 def test_validate_and_test_in_the_fits_folder_write_beside_its_files_not_over_them(trained: dict, main) -> None:
