@@ -22,6 +22,8 @@ from typing import IO, Any, NoReturn
 import yaml
 from pytorch_lightning.cli import LightningArgumentParser
 
+from cli_names import SUBCOMMANDS
+
 #: The option names in jsonargparse's messages for an unknown command-line option and an unknown config key.
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (--?[\w.\-]+)")
 _NOT_ACCEPTED = re.compile(r"does not accept (?:option|key)s? '([\w.\-]+)'")
@@ -47,7 +49,16 @@ class ReadableErrorsParser(LightningArgumentParser):
         message = _name_the_config_file(message, self._given or [], cwd)
         message = _name_the_file_that_is_no_mapping(message, self._given or [], cwd)
         hints = _suggestion(message, parser, self._given or []) + _precision_hint(message) + _num_classes_hint(message)
+        hints += _subcommand_first_hint(message)
         super().error(message + hints + _empty_section_hint(message), ex)
+
+
+def _subcommand_first_hint(message: str) -> str:
+    """``train.py --config X validate``: fit was implied before the options, and ``validate`` was left over."""
+    found = re.search(r"unrecognized arguments: (\w+)\b", message)
+    if found is None or found.group(1) not in SUBCOMMANDS:
+        return ""
+    return f" (the subcommand comes first: python train.py {found.group(1)} --config ...)"
 
 
 def _num_classes_hint(message: str) -> str:

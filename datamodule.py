@@ -516,7 +516,8 @@ class ImageNetDataModule(pl.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resumes the training order where the checkpoint's run was (Lightning calls it before training starts)."""
         position = state_dict.get("train_position")
-        if not position:
+        state = getattr(self.trainer, "state", None)
+        if not position or getattr(state, "fn", "fit") != "fit":  # validate and test resume no training order
             return
         world = self._world()[0]
         changed = (position["batch_size"], position["world_size"]) != (self.batch_size, world)

@@ -567,7 +567,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = build_report(summaries)
         out = Path(args.out) if args.out else (folder.parent if folder.name == "traces" else folder) / "step_report"
         paths = write_report(report, out, f"window_{report['window'][0]}-{report['window'][1]}.kineto")
-        print("\n".join(summary_lines(report)) + f"\n  written: {', '.join(str(p) for p in paths)}")
+        traces = ", ".join(str(trace) for _, trace in members)
+        print("\n".join(summary_lines(report)) + f"\n  from: {traces}\n  written: {', '.join(str(p) for p in paths)}")
     for path in reports:
         try:
             lines = summary_lines(json.loads(path.read_text()))

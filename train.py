@@ -139,12 +139,15 @@ class ImageNetCLI(LightningCLI):
             self._refuse(self._no_last_checkpoint())
         if ckpt_path == "last" and (missed := self._what_last_would_miss()):
             self._refuse(missed)
-        if ckpt_path == "last" and subcommand in ("validate", "test") and not self._last_checkpoints():
-            # Lightning warns and evaluates the randomly initialized model, exit status 0.
-            self._refuse(
-                f"--ckpt_path last: no last*.ckpt in {self._last_checkpoint_folder()}, so {subcommand} would evaluate "
-                f"a randomly initialized model; {self._newest_last_checkpoint()}"
-            )
+        if ckpt_path == "last" and subcommand in ("validate", "test"):
+            if not (found := self._last_checkpoints()):
+                # Lightning warns and evaluates the randomly initialized model, exit status 0.
+                self._refuse(
+                    f"--ckpt_path last: no last*.ckpt in {self._last_checkpoint_folder()}, so {subcommand} would "
+                    f"evaluate a randomly initialized model; {self._newest_last_checkpoint()}"
+                )
+            newest = str(max(found, key=lambda path: path.stat().st_mtime))  # the one Lightning's 'last' takes
+            self._warn_of_other_validation_sizes(newest, self._lightning_checkpoint(newest), subcommand)
         if ckpt_path == "best":
             self._refuse(
                 "--ckpt_path best names the best checkpoint of a fit in this same process, and this process has not "
@@ -641,11 +644,21 @@ CLI_SETTINGS: dict[str, Any] = {
         "run as they are: python train.py -a resnet50 --b 224 --opt-level O1 --prof 20 DATA_DIR. Every option: "
         "python train.py fit --help.",
         # Lightning's descriptions say "the validation set" and "the test set": both evaluate the val/ split here.
-        "fit": {"description": "Trains on the train/ split, validating on val/ every epoch; --ckpt_path resumes."},
-        "validate": {"description": "Evaluates a checkpoint (--ckpt_path) on the val/ split, as main_amp.py's -e did."},
+        # No abbreviations (argparse's default): --trainer.max_epoch ran as max_epochs, and --model.weight_dec on a
+        # resume lost to the checkpoint's value, which the run then said came from the configuration.
+        "allow_abbrev": False,
+        "fit": {
+            "description": "Trains on the train/ split, validating on val/ every epoch; --ckpt_path resumes.",
+            "allow_abbrev": False,
+        },
+        "validate": {
+            "description": "Evaluates a checkpoint (--ckpt_path) on the val/ split, as main_amp.py's -e did.",
+            "allow_abbrev": False,
+        },
         "test": {
             "description": "Evaluates a checkpoint (--ckpt_path) on the val/ split, as validate does (ImageNet's test "
-            "labels are not public); its metrics are named test_*."
+            "labels are not public); its metrics are named test_*.",
+            "allow_abbrev": False,
         },
     },
     # Reruns in the same run folder and DDP relaunches would otherwise abort on the config saved before.

@@ -493,7 +493,8 @@ class ProfilerWindow(Callback):
         self._window = window
         self._rank = trainer.global_rank
         self._profiling_here = self.ranks is None or trainer.global_rank in self.ranks
-        rank_zero_info(f"profile: window opens at step {window[0]} for {window[1] - window[0]} steps")
+        steps = window[1] - window[0]
+        rank_zero_info(f"profile: window opens at step {window[0]} for {steps} step{'s' if steps != 1 else ''}")
         if self.report:  # every rank: the report covers all of them, whichever ranks capture the window
             self.timer.start(trainer, window)
         uncaptured = not self.torch_profiler and not os.environ.get("CUDA_INJECTION64_PATH")

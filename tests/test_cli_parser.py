@@ -30,7 +30,10 @@ def error_of(argv: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest
 @pytest.mark.parametrize(
     ("typo", "meant"),
     [("--modle.arch", "--model.arch"), ("--trainer.max_stepz", "--trainer.max_steps"),
-     ("--data.batchsize", "--data.batch_size")],
+     ("--data.batchsize", "--data.batch_size"),
+     # A prefix of an option: argparse took it for the option (--model.weight_dec on a resume then lost to the
+     # checkpoint's value, said to come from the configuration).
+     ("--trainer.max_epoch", "--trainer.max_epochs"), ("--model.weight_dec", "--model.weight_decay")],
 )  # fmt: skip
 def test_a_mistyped_option_is_one_line_with_the_option_meant(typo, meant, capsys, monkeypatch) -> None:
     err = error_of(["fit", "--config", QUICKSTART, typo, "3"], capsys, monkeypatch)
@@ -38,6 +41,13 @@ def test_a_mistyped_option_is_one_line_with_the_option_meant(typo, meant, capsys
     assert len(err.splitlines()) <= 4
     assert err.splitlines()[-1] == f"error: unrecognized arguments: {typo} 3; did you mean {meant}?"
     assert "train.py fit --help" in err
+
+
+def test_a_subcommand_after_the_options_is_told_to_come_first(capsys, monkeypatch) -> None:
+    err = error_of(["--config", QUICKSTART, "validate", "--ckpt_path", "x.ckpt"], capsys, monkeypatch)
+    assert err.splitlines()[-1] == (
+        "error: unrecognized arguments: validate (the subcommand comes first: python train.py validate --config ...)"
+    )
 
 
 def test_a_config_files_unknown_key_names_the_files(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -337,6 +337,12 @@ def test_resume_with_another_batch_size_or_world_size_warns(shapes_root: Path) -
     assert not [w for w in caught if "not exactly" in str(w.message)]
     with pytest.warns(UserWarning, match="not exactly the interrupted run's"):
         dm.load_state_dict({"train_position": position | {"batches": 2, "epoch_batches": 3}})
+    # validate and test restore the checkpoint too, and resume nothing: nothing to say.
+    dm.trainer.state = SimpleNamespace(fn="validate")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dm.load_state_dict({"train_position": position | {"cpu_decoder": "pil"}})
+    assert not caught
 
 
 def test_resume_with_another_decoder_warns_and_an_old_checkpoint_counts_as_pil(shapes_root: Path) -> None:

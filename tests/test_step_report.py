@@ -764,6 +764,7 @@ def test_command_line_reports_every_window_of_a_run_folder(tmp_path, capsys):
     assert step_report.main([str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "steps 10-11, 2 rank(s)" in out and "verdict: copies are pageable (2 of 4)" in out
+    assert f"from: {traces / 'rank0_steps10-11.pt.trace.json'}, {traces / 'rank1_steps10-11.pt.trace.json.gz'}" in out
     report = json.loads((tmp_path / "run" / "step_report" / "window_10-11.kineto.json").read_text())
     assert [r["rank"] for r in report["ranks"]] == [0, 1]
     assert report["ranks"][0]["steps"][0]["images"] == 8  # from the run's config.yaml

@@ -872,8 +872,11 @@ def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(traine
     )):  # fmt: skip
         main(["test", *trained["args"], "--data.val_resize_size", "256", "--data.val_crop_size", "224",
               "--ckpt_path", str(trained["last"])])  # fmt: skip
-    asked.pop()
-    asked.pop()
+    # The same for the file --ckpt_path last takes.
+    last = ["--last_checkpoint.dirpath", str(trained["last"].parent), "--ckpt_path", "last"]
+    with pytest.warns(UserWarning, match=re.escape(f"--ckpt_path {trained['last']} was validated at other sizes")):
+        main(["validate", *trained["args"], "--data.val_crop_size", "24", *last])
+    del asked[-3:]
     # 'last' where the folder is fixed (a requeued job's usual resume): Lightning finds it there.
     main(["fit", *trained["args"], "--trainer.logger.init_args.version", "fixed", "--ckpt_path", "last"])
     # Without a logger the folder is fixed too: <default_root_dir>/checkpoints.
