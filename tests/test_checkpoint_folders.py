@@ -135,7 +135,7 @@ def test_validate_last_looks_where_lightning_does_home_expanded_and_without_a_lo
     (tmp_path / "home" / "ck").mkdir(parents=True)
     said = refused(["validate", *args, "--last_checkpoint.dirpath", "~/ck", "--ckpt_path", "last"])
     assert f"no last*.ckpt in {tmp_path / 'home' / 'ck'}, so validate would evaluate" in said
-    (tmp_path / "home" / "ck" / "last.ckpt").write_bytes(b"")
+    torch.save({"pytorch-lightning_version": pl.__version__, "state_dict": {}}, tmp_path / "home" / "ck" / "last.ckpt")
     asked: list[str] = []
     monkeypatch.setattr(pl.Trainer, "validate", lambda self, *a, ckpt_path=None, **k: asked.append(ckpt_path))
     main_args = ["validate", *args, "--last_checkpoint.dirpath", "~/ck", "--ckpt_path", "last"]
