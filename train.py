@@ -294,8 +294,10 @@ class ImageNetCLI(LightningCLI):
         except legacy_checkpoint.CheckpointConversionError as error:
             self._refuse(f"--ckpt_path {error}")
         arch = legacy.arch or "ARCH"
-        what = f"--ckpt_path {ckpt_path} is a main_amp.py checkpoint ({arch}, {legacy.epoch} epochs done)"
-        what += ", not a Lightning one"
+        what = (
+            f"--ckpt_path {ckpt_path} is a main_amp.py checkpoint ({arch}, {legacy.epoch} epochs done), not a "
+            "Lightning one"
+        )
         if self.config.get("subcommand") in ("validate", "test"):
             self._refuse(
                 f"{what}; evaluate it with main_amp.py's flags, as its -e did: python train.py -e -a {arch} --resume "
@@ -322,7 +324,8 @@ class ImageNetCLI(LightningCLI):
         for key in sorted(given):
             if key in before and model.get(key) != before[key]:
                 said = f"model.{key} {before[key]!r} from the command line (the checkpoint's: {model[key]!r})"
-                notes += [said] if key not in unsaid else []
+                if key not in unsaid:
+                    notes.append(said)
                 model[key] = before[key]
         # batch_size and num_classes follow the data module's (links); an arch the run named was checked before.
         for key in sorted(set(before.keys()) - given - {"batch_size", "num_classes", "weights"} - unsaid):
