@@ -73,6 +73,10 @@ CONFIG_SECTIONS = (*(f"{section}." for section in SECTIONS), "--ckpt_path ")
 class ImageNetCLI(LightningCLI):
     """LightningCLI with the links this application needs and its always-available callbacks."""
 
+    #: The global step of a fit's checkpoint that already reached the run's max_steps/max_epochs (warned of; set in
+    #: _parse_ckpt_path): the fit trains nothing from it, and its new run folder is taken back.
+    _trains_nothing_after_step: int | None = None
+
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         # No predict: the data module has no prediction split, so the subcommand could only fail.
@@ -148,6 +152,10 @@ class ImageNetCLI(LightningCLI):
                 )
             newest = str(max(found, key=lambda path: path.stat().st_mtime))  # the one Lightning's 'last' takes
             self._warn_of_other_validation_sizes(newest, self._lightning_checkpoint(newest), subcommand)
+        if ckpt_path == "last" and subcommand == "fit" and (found := self._last_checkpoints()):
+            # A requeued job whose run had finished (its folder fixed): said as for the file itself.
+            newest = str(max(found, key=lambda path: path.stat().st_mtime))
+            self._refuse_a_resume_past_the_end(newest, self._lightning_checkpoint(newest), said_as=f"last ({newest})")
         if ckpt_path == "best":
             self._refuse(
                 "--ckpt_path best names the best checkpoint of a fit in this same process, and this process has not "
@@ -218,10 +226,11 @@ class ImageNetCLI(LightningCLI):
                 "pass its fit's to evaluate it as it was validated"
             )
 
-    def _refuse_a_resume_past_the_end(self, ckpt_path: str, checkpoint: dict[str, Any]) -> None:
+    def _refuse_a_resume_past_the_end(self, ckpt_path: str, checkpoint: dict[str, Any], said_as: str = "") -> None:
         """A fit from a checkpoint at or past the run's trainer.max_steps/max_epochs trains nothing: Lightning restores
         it, says the limit is reached and exits 0. Past the limit that is a mistake (a refusal); at it, the rerun of a
-        finished job (a warning)."""
+        finished job (a warning). ``said_as``: how the messages name the checkpoint (``last (FILE)``), if not by
+        ``ckpt_path``."""
         trainer = self.config["fit"].trainer
         steps = int(checkpoint.get("global_step", 0))
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
@@ -232,17 +241,19 @@ class ImageNetCLI(LightningCLI):
             epochs += 1  # saved at the end of an epoch's last batch, before the epoch's end: Lightning counts it done
         limits = [("trainer.max_steps", trainer.get("max_steps"), steps, "steps"),
                   ("trainer.max_epochs", trainer.get("max_epochs"), epochs, "epochs")]  # fmt: skip
-        self._refuse_a_resume_past_the_time_limit(ckpt_path, checkpoint)
+        self._refuse_a_resume_past_the_time_limit(said_as or ckpt_path, checkpoint)
         for key, limit, done, unit in limits:
             if limit is None or limit < 0 or done < limit:
                 continue
             said = (
-                f"--ckpt_path {ckpt_path} has trained {done} {unit} and this run ends at {key} {limit}: nothing would "
-                f"train; raise {key} to train on, or evaluate it: python train.py validate ... --ckpt_path {ckpt_path}"
+                f"--ckpt_path {said_as or ckpt_path} has trained {done} {unit} and this run ends at {key} {limit}: "
+                f"nothing would train; raise {key} to train on, or evaluate it: python train.py validate ... "
+                f"--ckpt_path {ckpt_path}"
             )
             if done > limit:
                 self._refuse(said)
             rank_zero_warn(said)
+            self._trains_nothing_after_step = steps
             return
 
     def _refuse_a_resume_past_the_time_limit(self, ckpt_path: str, checkpoint: dict[str, Any]) -> None:
@@ -495,6 +506,10 @@ class ImageNetCLI(LightningCLI):
                     # concerns a fit that goes on; validate and test save nothing.
                     warnings.filterwarnings("ignore", message="The dirpath has changed from")
                 super()._run_subcommand(subcommand)
+            if new_folder is not None and self.trainer.global_step == self._trains_nothing_after_step:
+                # The rerun of a finished job: a run folder holding only the setup files of a run that trained
+                # nothing would be taken for a run (and the next run's number would skip it).
+                new_folder.take_back()
         except (ValueError, FileNotFoundError, MisconfigurationException) as error:
             # The checks that need the data or the world size run in setup (a batch larger than a rank's share of the
             # images, a profiled rank past the world size): said as instantiate_classes says the others, and the

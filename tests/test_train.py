@@ -820,9 +820,26 @@ def test_a_resume_past_the_runs_end_is_refused_and_one_at_it_warned(trained: dic
     assert "has trained 4 epochs and this run ends at trainer.max_epochs 2" in refused(
         ["fit", *trained["args"], "--trainer.max_epochs", "2", "--ckpt_path", str(last)]
     )
+    runs = trained["log_dir"].parent
+    folders = sorted(runs.iterdir())
     with pytest.warns(UserWarning, match="has trained 4 epochs and this run ends at trainer.max_epochs 4: nothing"):
         cli = main(["fit", *trained["args"], "--ckpt_path", str(last)])  # the rerun of a finished job
     assert cli.trainer.global_step == steps
+    # Its version folder, made before the fit found nothing to train, held the setup files of no run: taken back.
+    assert not Path(cli.trainer.logger.log_dir).exists() and sorted(runs.iterdir()) == folders
+    # The requeued job's form: 'last' in the run's fixed folder, warned of by the file it takes; the folder's setup
+    # files stay those of the run that trained.
+    fixed = runs / "fixed"
+    shutil.copytree(trained["log_dir"], fixed)
+    config = (fixed / "config.yaml").read_bytes()
+    try:
+        with pytest.warns(UserWarning, match=re.escape(f"--ckpt_path last ({fixed / 'checkpoints' / 'last.ckpt'}) "
+                                                       "has trained 4 epochs")):  # fmt: skip
+            cli = main(["fit", *trained["args"], "--trainer.logger.init_args.version", "fixed", "--model.lr", "0.07",
+                        "--ckpt_path", "last"])  # fmt: skip
+        assert cli.trainer.global_step == steps and (fixed / "config.yaml").read_bytes() == config
+    finally:
+        shutil.rmtree(fixed)  # the module's fixture, shared
     # Saved at the end of the last epoch's last batch, before the epoch's end (every_n_train_steps, a preemption):
     # Lightning counts that epoch done as well.
     saved = torch.load(last, map_location="cpu", weights_only=True)
@@ -849,7 +866,10 @@ def test_a_resume_past_the_runs_end_is_refused_and_one_at_it_warned(trained: dic
     torch.save(saved, tmp_path / "requeue" / "last.ckpt")
     said = refused(["fit", *trained["args"], "--trainer.max_epochs", "9", "--trainer.max_time", "00:00:01:00",
                     "--last_checkpoint.dirpath", str(tmp_path / "requeue"), "--ckpt_path", "last"])  # fmt: skip
-    assert said.startswith("error: trainer.max_time 0:01:00 is spent: the checkpoint this run resumes has trained for")
+    assert said.startswith(
+        f"error: --ckpt_path last ({tmp_path / 'requeue' / 'last.ckpt'}) has trained for 0:01:15 and this run ends at "
+        "trainer.max_time 0:01:00"
+    )
 
 
 def test_lightnings_own_checkpoint_names_and_remote_paths_reach_lightning(trained: dict, main, monkeypatch, refused):
