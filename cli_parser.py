@@ -49,7 +49,7 @@ class ReadableErrorsParser(LightningArgumentParser):
         message = _name_the_config_file(message, self._given or [], cwd)
         message = _name_the_file_that_is_no_mapping(message, self._given or [], cwd)
         hints = _suggestion(message, parser, self._given or []) + _precision_hint(message) + _num_classes_hint(message)
-        hints += _subcommand_first_hint(message)
+        hints += _subcommand_first_hint(message) + _config_file_hint(message, self._given or [], cwd)
         super().error(message + hints + _empty_section_hint(message), ex)
 
 
@@ -59,6 +59,34 @@ def _subcommand_first_hint(message: str) -> str:
     if found is None or found.group(1) not in SUBCOMMANDS:
         return ""
     return f" (the subcommand comes first: python train.py {found.group(1)} --config ...)"
+
+
+_MISSING_CONFIG = re.compile(r"""Parser key "config": File does not exist: '([^']+)'""")
+
+
+def _config_file_hint(message: str, given: list[str], cwd: str) -> str:
+    """``--config configs/quickstrat.yaml``: the closest config file of that folder (``; did you mean
+    configs/quickstart.yaml?``), or the ones there when none is close; the application's own configs folder when the
+    folder does not exist."""
+    found = _MISSING_CONFIG.search(message)
+    if found is None:
+        return ""
+    missing = Path(found.group(1))
+    typed = next((v for v in option_values(given, ("--config", "-c")) if Path(cwd, v) == missing), str(missing))
+    folder = missing.parent if missing.parent.is_dir() else Path(__file__).resolve().parent / "configs"
+    if not folder.is_dir():
+        return ""
+    names = sorted(entry.name for entry in folder.iterdir() if entry.suffix in (".yaml", ".yml") and entry.is_file())
+    # By stem: the shared ".yaml" made any short name close to any other.
+    stems = {Path(name).stem: name for name in names}
+    close = [stems[stem] for stem in difflib.get_close_matches(missing.stem, list(stems), n=1, cutoff=0.6)]
+    if folder == missing.parent:
+        shown = Path(typed).parent
+    else:
+        shown = folder.relative_to(cwd) if folder.is_relative_to(cwd) else folder
+    if close:
+        return f"; did you mean {shown / close[0]}?"
+    return f" (the config files in {shown}: {', '.join(names)})" if names else ""
 
 
 def _num_classes_hint(message: str) -> str:

@@ -50,6 +50,27 @@ def test_a_subcommand_after_the_options_is_told_to_come_first(capsys, monkeypatc
     )
 
 
+def test_a_misspelt_config_path_gets_the_closest_file(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    err = error_of(["fit", "--config", "configs/quickstrat.yaml"], capsys, monkeypatch)
+    assert err.splitlines()[-1] == (
+        f"error: Parser key \"config\": File does not exist: '{REPO / 'configs' / 'quickstrat.yaml'}'; did you mean "
+        "configs/quickstart.yaml?"
+    )
+    # In the form it was typed (-c, =, a folder of the user's); with nothing close, the files that are there.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "a.yaml").write_text("trainer: {}\n")
+    (tmp_path / "mine" / "big_run.yml").write_text("trainer: {}\n")
+    monkeypatch.chdir(tmp_path)
+    err = error_of(["fit", "-c", "mine/big_rnu.yml"], capsys, monkeypatch)
+    assert err.endswith("; did you mean mine/big_run.yml?\n")
+    err = error_of(["fit", "--config=mine/other.yaml"], capsys, monkeypatch)
+    assert err.endswith(" (the config files in mine: a.yaml, big_run.yml)\n")
+    # A folder that does not exist: the application's own configs, by a path that works from here.
+    err = error_of(["fit", "--config", "config/resnet50_synthetic.yaml"], capsys, monkeypatch)
+    assert err.endswith(f"; did you mean {REPO / 'configs' / 'resnet50_synthetic.yaml'}?\n")
+
+
 def test_a_config_files_unknown_key_names_the_files(tmp_path: Path, capsys, monkeypatch) -> None:
     config = tmp_path / "mine.yaml"
     config.write_text("data:\n  batchsize: 8\n")
