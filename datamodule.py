@@ -23,6 +23,7 @@ epoch after an epoch-end resume also needs checkpoint_io.py's repair of Lightnin
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
 import os
 import weakref
@@ -179,6 +180,21 @@ class _TrainLoader(DevicePrefetcher):
         pass
 
 
+#: The options that only files are read with (synthetic batches are drawn on the device at data.crop_size), and those
+#: that only synthetic data reads.
+_FILE_OPTIONS = ("root", "workers", "prefetch_factor", "min_crop_scale", "val_resize_size", "val_crop_size", "decode",
+                 "cpu_decode_share", "nvjpeg", "decode_threads", "cpu_decoder", "on_bad_image")  # fmt: skip
+_SYNTHETIC_OPTIONS = ("synthetic_num_classes", "synthetic_train_steps", "synthetic_val_steps")
+
+
+def _options_the_source_ignores(source: str, values: Any) -> list[str]:
+    """``data.KEY VALUE`` for each option given a value other than its default that ``source`` does not read: a
+    ``--data.source synthetic`` over a folder's configuration, or ``synthetic_train_steps`` left in one for files."""
+    defaults = inspect.signature(ImageNetDataModule.__init__).parameters
+    unread = _FILE_OPTIONS if source == "synthetic" else _SYNTHETIC_OPTIONS
+    return [f"data.{name} {values[name]}" for name in unread if values[name] != defaults[name].default]
+
+
 class ImageNetDataModule(pl.LightningDataModule):
     """ImageNet-style folders (or synthetic/generated data) batched as uint8 and normalized on the device.
 
@@ -325,6 +341,12 @@ class ImageNetDataModule(pl.LightningDataModule):
             # torch's samplers seed a generator with seed + epoch: past 2**64 - 1 a crash at an epoch's start.
             raise ValueError(f"data.seed must be in 0..{2**63 - 1}, got {seed}")
         self.save_hyperparameters()
+        if unread := _options_the_source_ignores(source, self.hparams):
+            other = "folder and generated" if source == "synthetic" else "synthetic"
+            rank_zero_warn(
+                f"data.source {source} does not read {', '.join(unread)}: options of {other} data, which have no "
+                "effect on this run"
+            )
         self.root = Path(root).expanduser()
         self.source = source
         self.batch_size = batch_size

@@ -428,20 +428,22 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         import gpu_decode
 
         gpu_decode.MAX_PADDED_PIXELS = 256 * 512 * 512  # every batch of 256 up to 512 x 512 px crops in one group
-    data = ImageNetDataModule(
-        root=a.data or "unused",
-        source="folder" if folder else "synthetic",
-        batch_size=a.batch,
-        workers=a.workers if folder else 0,
-        channels_last=a.channels_last,
-        synthetic_num_classes=1000,
-        synthetic_train_steps=a.warmup + a.steps + 5,  # app_nvtx's window step included
-        decode="gpu" if name.startswith("app_folder_gpu") else "cpu",
-        cpu_decode_share=cpu_share,
-        nvjpeg="preallocated" if "_preallocated" in name else "torchvision",
-        decode_threads=threads,
-        cpu_decoder=workers_decoder(name),
-    )
+    # Each source is given only the options it reads (the data module warns of the others).
+    if folder:
+        source_options = dict(
+            source="folder",
+            root=a.data,
+            workers=a.workers,
+            decode="gpu" if name.startswith("app_folder_gpu") else "cpu",
+            cpu_decode_share=cpu_share,
+            nvjpeg="preallocated" if "_preallocated" in name else "torchvision",
+            decode_threads=threads,
+            cpu_decoder=workers_decoder(name),
+        )
+    else:
+        steps = a.warmup + a.steps + 5  # app_nvtx's window step included
+        source_options = dict(source="synthetic", synthetic_num_classes=1000, synthetic_train_steps=steps)
+    data = ImageNetDataModule(batch_size=a.batch, channels_last=a.channels_last, **source_options)
     model = ImageNetClassifier(
         arch=a.arch,
         num_classes=data.num_classes,

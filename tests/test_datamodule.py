@@ -715,6 +715,22 @@ def test_a_prefetch_factor_without_workers_is_said() -> None:
         ImageNetDataModule(root="unused", workers=0, prefetch_factor=4)
 
 
+def test_options_the_source_does_not_read_are_said() -> None:
+    # --data.source synthetic over a folder's configuration: its folder, loader and decode options do nothing.
+    said = "data.source synthetic does not read data.root x, data.workers 0, data.val_crop_size 64, data.decode gpu: "
+    with pytest.warns(UserWarning, match=re.escape(said + "options of folder and generated data")):
+        ImageNetDataModule(root="x", source="synthetic", workers=0, val_crop_size=64, decode="gpu")
+    for source in ("folder", "generated"):
+        with pytest.warns(
+            UserWarning, match=re.escape(f"data.source {source} does not read data.synthetic_val_steps 3:")
+        ):
+            ImageNetDataModule(root="unused", source=source, synthetic_val_steps=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # what each source reads, and the defaults of what it does not, say nothing
+        ImageNetDataModule(source="synthetic", batch_size=4, crop_size=32, synthetic_num_classes=3, seed=2)
+        ImageNetDataModule(root="unused", source="folder", workers=2, decode="gpu", cpu_decode_share=0.5)
+
+
 def test_teardown_closes_the_loaders_it_made_and_their_workers(shapes_root: Path) -> None:
     dm = small_dm(shapes_root, workers=1)
     dm.trainer = fake_trainer()
