@@ -291,3 +291,11 @@ def test_decode_bench_refuses_counts_it_cannot_time(bench_script, capsys, argv, 
     with pytest.raises(SystemExit):
         bench_script("decode_bench").parse(["--data", "/unused", *argv])
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only exit")
+def test_the_cudnn_fusion_probe_says_it_needs_a_gpu() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "cudnn_fusion_probe.py")], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stdout and "Traceback" not in done.stderr
