@@ -378,6 +378,8 @@ def probe_shape(cudnn, handle, args, tname, dt, io_dt, shape):
         for rc in (True, False)
         for sm in (True, False)
     ]  # preferred first
+    if args.dgrad_variant:  # that one alone: where the dgrad graph's time goes (the sums, the recomputed z)
+        dgrad_variants = [v for v in dgrad_variants if v[1] == args.dgrad_variant]
     probe_graph(
         "dgrad",
         r,
@@ -420,6 +422,12 @@ def main():
     ap.add_argument("--autotune", action="store_true", help="build every cuDNN plan, time each, keep the fastest")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
     ap.add_argument("--no-backward", action="store_true", help="forward part only")
+    ap.add_argument(
+        "--dgrad-variant",
+        choices=("Z+S", "Z", "z*+S", "z*"),
+        help="build only this dgrad graph (Z: z = x*s+b recomputed in the graph, z*: a stored z; +S: the previous "
+        "BN's two sums fused); default: the first of them that builds, in that order",
+    )
     ap.add_argument("--no-cudnn-benchmark", action="store_true", help="leave torch.backends.cudnn.benchmark off")
     ap.add_argument("--fe-path", default=None, help="directory holding the cudnn frontend package (pip --target)")
     args = ap.parse_args()
