@@ -143,19 +143,22 @@ class ImageNetCLI(LightningCLI):
             self._refuse(self._no_last_checkpoint())
         if ckpt_path == "last" and (missed := self._what_last_would_miss()):
             self._refuse(missed)
-        if ckpt_path == "last" and subcommand in ("validate", "test"):
-            if not (found := self._last_checkpoints()):
+        if ckpt_path == "last":
+            found = self._last_checkpoints()
+            if not found and subcommand in ("validate", "test"):
                 # Lightning warns and evaluates the randomly initialized model, exit status 0.
                 self._refuse(
                     f"--ckpt_path last: no last*.ckpt in {self._last_checkpoint_folder()}, so {subcommand} would "
                     f"evaluate a randomly initialized model; {self._newest_last_checkpoint()}"
                 )
-            newest = str(max(found, key=lambda path: path.stat().st_mtime))  # the one Lightning's 'last' takes
-            self._warn_of_other_validation_sizes(newest, self._lightning_checkpoint(newest), subcommand)
-        if ckpt_path == "last" and subcommand == "fit" and (found := self._last_checkpoints()):
-            # A requeued job whose run had finished (its folder fixed): said as for the file itself.
-            newest = str(max(found, key=lambda path: path.stat().st_mtime))
-            self._refuse_a_resume_past_the_end(newest, self._lightning_checkpoint(newest), said_as=f"last ({newest})")
+            newest = str(max(found, key=lambda path: path.stat().st_mtime)) if found else None  # what 'last' takes
+            # A file that is no zip archive (cut short) is refused in the run, by a message that says what it is.
+            if newest is not None and zipfile.is_zipfile(newest):
+                checkpoint = self._lightning_checkpoint(newest)
+                if subcommand == "fit":  # a requeued job whose run had finished (its folder fixed): as for a file
+                    self._refuse_a_resume_past_the_end(newest, checkpoint, said_as=f"last ({newest})")
+                else:
+                    self._warn_of_other_validation_sizes(newest, checkpoint, subcommand)
         if ckpt_path == "best":
             self._refuse(
                 "--ckpt_path best names the best checkpoint of a fit in this same process, and this process has not "
