@@ -30,6 +30,21 @@ def test_fp16_mixed_on_cpu_is_refused_naming_what_is_valid(
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
+@pytest.mark.parametrize(("accelerator", "precision"), [("cpu", "16"), ("auto", "16-mixed")])
+def test_fp16_autocast_is_refused_wherever_the_run_lands_on_the_cpu(
+    accelerator: str, precision: str, shapes_root: Path, tmp_path: Path, tiny_args, refused, monkeypatch
+) -> None:
+    # "16" is Lightning's older name for 16-mixed; "auto" on a machine without a GPU is the CPU.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = tiny_args(shapes_root, tmp_path / "run", trainer__accelerator=accelerator, trainer__precision=precision)
+    said = refused(["fit", *args])
+    assert said == (
+        f"error: trainer.precision {precision} (fp16 autocast) needs a CUDA GPU and this run is on the CPU; valid "
+        "here: bf16-mixed, 32-true"
+    )
+    # (The last line: the application's own refusal has no list of every precision under it.)
+
+
 def test_fp16_true_on_cpu_warns_that_it_is_slow(shapes_root: Path, tmp_path: Path, tiny_args, main, monkeypatch):
     monkeypatch.setattr(pl.Trainer, "fit", lambda self, *args, **kwargs: None)  # the warning, not the slow run
     args = tiny_args(shapes_root, tmp_path, **SMALL, trainer__precision="16-true", trainer__max_steps=1)
@@ -73,10 +88,15 @@ def test_a_generated_data_root_of_other_files_is_refused_before_it_starts(
 @pytest.mark.parametrize(
     ("option", "said"),
     [(["--trainer.gradient_clip_val", "-1"], "trainer.gradient_clip_val must be >= 0"),
+     # clip_grad_norm_ with a NaN limit makes every gradient NaN.
+     (["--trainer.gradient_clip_val", ".nan"], "trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), "
+                                               "got nan"),
      (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches must be >= 1"),
      (["--checkpoint.monitor", "val_acc"], "checkpoint.monitor names 'val_acc', which this module does not log; "
                                            "did you mean 'val_acc1'?"),
      (["--last_checkpoint.monitor", "val_accc"], "last_checkpoint.monitor names 'val_accc'"),
+     (["--checkpoint.monitor", "acc1"], "checkpoint.monitor names 'acc1', which this module does not log; did you mean "
+                                        "'val_acc1'?"),
      (["--checkpoint.filename", "best-{val_acc:.4f}"], "checkpoint.filename names 'val_acc'"),
      (["--checkpoint.mode", "maximum"], "checkpoint.mode must be min or max, got 'maximum'"),
      (["--checkpoint.save_top_k", "-2"], "checkpoint.save_top_k must be >= -1"),
@@ -98,6 +118,7 @@ def test_a_generated_data_root_of_other_files_is_refused_before_it_starts(
      (["--checkpoint.monitor", "null", "--checkpoint.save_top_k", "3"], "checkpoint: ModelCheckpoint(save_top_k=3,"),
      (["--trainer.enable_checkpointing", "false"], "trainer.enable_checkpointing false: this app always adds"),
      (["--seed_everything", "-5"], "seed_everything must be in 0..4294967295"),
+     (["--seed_everything", "4294967296"], "seed_everything must be in 0..4294967295"),  # Lightning's traceback
      (["--trainer.precision", "transformer-engine"], "trainer.precision transformer-engine needs NVIDIA Transformer"),
      # An unset $VAR: last.ckpt went to the current folder, the logs to ./quickstart, random weights without a word.
      (["--last_checkpoint.dirpath", ""], "last_checkpoint.dirpath is an empty string (an unset environment variable?)"),
