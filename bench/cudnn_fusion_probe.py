@@ -502,8 +502,8 @@ def report(rows):
     )
     print(hdr)
     print("-" * len(hdr))
-    tot = {"conv": 0.0, "eager": 0.0, "compiled": 0.0, "fused": 0.0}  # over shapes that have all four
-    n_tot = 0
+    tot, full = totals(rows, ("conv", "eager", "compiled", "fused"))  # over shapes that have all four
+    n_tot = len(full)
     for r in rows:
         fu, ea, co = r.get("fused"), r.get("eager"), r.get("compiled")
         fe = f"{fu[0] / ea[0]:8.2f}" if fu and ea else "     n/a"
@@ -514,10 +514,6 @@ def report(rows):
             f"{r['shape']:<26}{fmt(r.get('conv')):>9}{fmt(ea):>9}{fmt(r.get('eager_bn')):>9}{fmt(co):>9}"
             f"{fmt(fu):>9}{fe}{fc}{host}  {ok}"
         )
-        if all(r.get(key) for key in tot):
-            n_tot += 1
-            for key in tot:
-                tot[key] += r[key][0]
     if n_tot:
         print(
             f"{'TOTAL (' + str(n_tot) + ' shapes)':<26}{tot['conv']:9.3f}{tot['eager']:9.3f}{'':>9}"
@@ -533,6 +529,12 @@ def report(rows):
         print("no shape has all four timings (fused graph unsupported or failing, or --no-compile): see above")
 
 
+def totals(rows, keys):
+    """The GPU ms of each of ``keys`` summed over the rows that have a timing for every one of them, and those rows."""
+    full = [r for r in rows if all(r.get(key) for key in keys)]
+    return {key: sum(r[key][0] for r in full) for key in keys}, full
+
+
 def report_bwd(rows):
     print(
         "\nBACKWARD, GPU ms per call (torch: autograd grads of x,s,b,w from dy, fwd+bwd or bwd alone; cuDNN: dgrad "
@@ -546,8 +548,9 @@ def report_bwd(rows):
     )
     print(hdr)
     print("-" * len(hdr))
-    keys = ("compiled", "bwd_comp", "fb_comp", "fused", "dgrad", "wgrad")
-    tot, n_tot, fallback = dict.fromkeys(keys, 0.0), 0, 0
+    tot, full = totals(rows, ("compiled", "bwd_comp", "fb_comp", "fused", "dgrad", "wgrad"))
+    n_tot = len(full)
+    fallback = sum(r["dgrad_code"] != "Z+S" or r["wgrad_code"] == "a*" for r in full)
     for r in rows:
         dg, wg, eb, cb = r.get("dgrad"), r.get("wgrad"), r.get("bwd_eager"), r.get("bwd_comp")
         dw = (dg[0] + wg[0], 0.0) if dg and wg else None
@@ -558,11 +561,6 @@ def report_bwd(rows):
             f"{fmt(dg):>9}{fmt(wg):>9}{fmt(dw):>9}{ratio[0]}{ratio[1]}  "
             f"{r.get('dgrad_code', '-')}/{r.get('wgrad_code', '-')} {oks}"
         )
-        if all(r.get(key) for key in keys):
-            n_tot += 1
-            for key in keys:
-                tot[key] += r[key][0]
-            fallback += r["dgrad_code"] != "Z+S" or r["wgrad_code"] == "a*"
     if not n_tot:
         print("no shape has compiled + cuDNN timings for both directions (unsupported, failing or --no-compile)")
         return
