@@ -66,27 +66,32 @@ _MISSING_CONFIG = re.compile(r"""Parser key "config": File does not exist: '([^'
 
 def _config_file_hint(message: str, given: list[str], cwd: str) -> str:
     """``--config configs/quickstrat.yaml``: the closest config file of that folder (``; did you mean
-    configs/quickstart.yaml?``), or the ones there when none is close; the application's own configs folder when the
-    folder does not exist."""
+    configs/quickstart.yaml?``), else of the application's own configs folder, else the files of the first of the two
+    that has any."""
     found = _MISSING_CONFIG.search(message)
     if found is None:
         return ""
     missing = Path(found.group(1))
     typed = next((v for v in option_values(given, ("--config", "-c")) if Path(cwd, v) == missing), str(missing))
-    folder = missing.parent if missing.parent.is_dir() else Path(__file__).resolve().parent / "configs"
-    if not folder.is_dir():
-        return ""
-    names = sorted(entry.name for entry in folder.iterdir() if entry.suffix in (".yaml", ".yml") and entry.is_file())
-    # By stem: the shared ".yaml" made any short name close to any other.
-    stems = {Path(name).stem: name for name in names}
-    close = [stems[stem] for stem in difflib.get_close_matches(missing.stem, list(stems), n=1, cutoff=0.6)]
-    if folder == missing.parent:
-        shown = Path(typed).parent
-    else:
-        shown = folder.relative_to(cwd) if folder.is_relative_to(cwd) else folder
-    if close:
-        return f"; did you mean {shown / close[0]}?"
-    return f" (the config files in {shown}: {', '.join(names)})" if names else ""
+    app_configs = Path(__file__).resolve().parent / "configs"
+    # The typed folder first; then the application's configs/ (a folder that does not exist, or a name typed without
+    # its folder: --config quickstart.yaml from the project's root).
+    folders = [folder for folder in (missing.parent, app_configs) if folder.is_dir()]
+    listed: tuple[Path, list[str]] | None = None
+    for folder in dict.fromkeys(folders):
+        names = sorted(e.name for e in folder.iterdir() if e.suffix in (".yaml", ".yml") and e.is_file())
+        # By stem: the shared ".yaml" made any short name close to any other.
+        stems = {Path(name).stem: name for name in names}
+        close = [stems[stem] for stem in difflib.get_close_matches(missing.stem, list(stems), n=1, cutoff=0.6)]
+        if folder == missing.parent:
+            shown = Path(typed).parent
+        else:
+            shown = folder.relative_to(cwd) if folder.is_relative_to(cwd) else folder
+        if close:
+            return f"; did you mean {shown / close[0]}?"
+        if names and listed is None:
+            listed = shown, names
+    return f" (the config files in {listed[0]}: {', '.join(listed[1])})" if listed else ""
 
 
 def _num_classes_hint(message: str) -> str:

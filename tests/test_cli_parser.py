@@ -71,6 +71,36 @@ def test_a_misspelt_config_path_gets_the_closest_file(tmp_path: Path, capsys, mo
     assert err.endswith(f"; did you mean {REPO / 'configs' / 'resnet50_synthetic.yaml'}?\n")
 
 
+def test_a_config_name_without_its_folder_is_found_in_the_apps_configs(tmp_path: Path, capsys, monkeypatch) -> None:
+    # From the project's root, which holds no config file: the name typed is one of configs/.
+    monkeypatch.chdir(REPO)
+    err = error_of(["fit", "--config", "quickstart.yaml"], capsys, monkeypatch)
+    assert err.endswith("; did you mean configs/quickstart.yaml?\n")
+    # A folder with config files of its own, none close: the application's one that is close.
+    (tmp_path / "mine.yaml").write_text("trainer: {}\n")
+    monkeypatch.chdir(tmp_path)
+    err = error_of(["fit", "--config", "resnet50_synthetc.yaml"], capsys, monkeypatch)
+    assert err.endswith(f"; did you mean {REPO / 'configs' / 'resnet50_synthetic.yaml'}?\n")
+    # Nothing close anywhere: the typed folder's files, not the application's.
+    err = error_of(["fit", "--config", "zzz.yaml"], capsys, monkeypatch)
+    assert err.endswith(" (the config files in .: mine.yaml)\n")
+
+
+def test_a_config_named_in_a_config_is_looked_for_beside_that_config(tmp_path: Path, capsys, monkeypatch) -> None:
+    # jsonargparse reads a config's own 'config:' key from that config's folder, not from where the command runs.
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "base.yaml").write_text("trainer: {}\n")
+    (tmp_path / "runs" / "outer.yaml").write_text("config: bsae.yaml\n")
+    monkeypatch.chdir(tmp_path)
+    err = error_of(["fit", "--config", "runs/outer.yaml"], capsys, monkeypatch)
+    assert err.endswith(f"'{tmp_path / 'runs' / 'bsae.yaml'}'; did you mean {tmp_path / 'runs' / 'base.yaml'}?\n")
+
+
+def test_a_word_that_is_no_subcommand_gets_no_subcommand_hint(capsys, monkeypatch) -> None:
+    err = error_of(["--config", QUICKSTART, "validation"], capsys, monkeypatch)
+    assert err.splitlines()[-1] == "error: unrecognized arguments: validation"
+
+
 def test_a_config_files_unknown_key_names_the_files(tmp_path: Path, capsys, monkeypatch) -> None:
     config = tmp_path / "mine.yaml"
     config.write_text("data:\n  batchsize: 8\n")
@@ -84,6 +114,8 @@ def test_a_config_file_that_does_not_parse_is_named(tmp_path: Path, capsys, monk
     config.write_text("model:\n  arch: [resnet18\ndata: {}\n")
     err = error_of(["fit", "--config", QUICKSTART, "--config", str(config)], capsys, monkeypatch)
     assert f"in {config}, line 2" in err and "<unicode string>" not in err  # YAML's own name for the text
+    err = error_of(["fit", f"--config={config}"], capsys, monkeypatch)
+    assert f"in {config}, line 2" in err
 
 
 def test_the_second_config_file_is_named_when_paths_are_relative(tmp_path: Path, capsys, monkeypatch) -> None:
