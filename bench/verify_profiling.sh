@@ -22,8 +22,11 @@ set -uo pipefail
 out=${1:?OUTDIR}; shift
 mkdir -p "$out"
 data=/tmp/shapes_bench
-common=(--config configs/resnet50_synthetic.yaml --data.source generated --data.root "$data" --data.workers 8
-        --data.crop_size 224 --trainer.max_steps 60 --trainer.enable_progress_bar false --data.batch_size 128)
+# The folder config (not the synthetic one, whose synthetic_* keys the generated source would warn it ignores); no
+# validation unless a stage turns it on.
+common=(--config configs/resnet50_imagenet.yaml --data.source generated --data.root "$data" --data.workers 8
+        --data.crop_size 224 --trainer.max_steps 60 --trainer.limit_val_batches 0 --trainer.enable_progress_bar false
+        --data.batch_size 128)
 nsys_flags=(-s none -t cuda,nvtx --capture-range=cudaProfilerApi --force-overwrite true)
 if [ -n "${COMPILE:-}" ]; then
   common+=(--model.compile "$COMPILE")
