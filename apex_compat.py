@@ -33,8 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
+
 import legacy_checkpoint
 from cli_names import LIGHTNING_SUBCOMMANDS, SECTIONS, SUBCOMMANDS
+from cli_parser import option_values
 
 #: First arguments that belong to train.py's own command line.
 _CLI_FIRST = ("--config", "-c", "--help", "-h", "--print_config", "--version")
@@ -544,6 +547,23 @@ def _resume(args: argparse.Namespace, translation: Translation, arch_typed: bool
     return ["--ckpt_path", str(converted)]
 
 
+def _source_set(config_args: Sequence[str], passthrough: Sequence[str]) -> str | None:
+    """``data.source`` as the line sets it: its last ``--data.source``, else the last ``--config`` file that has one
+    (``None``: neither does; a file that cannot be read is left to the parser, which names it)."""
+    if typed := option_values(passthrough, ("--data.source",)):
+        return typed[-1]
+    source = None
+    for path in option_values(config_args, ("--config", "-c")):
+        try:
+            content = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        data = content.get("data") if isinstance(content, dict) else None
+        if isinstance(data, dict) and "source" in data:
+            source = data["source"]
+    return source
+
+
 def translate_full(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Translation:
     """Translates a main_amp.py command line; see :func:`translate`. Also says which checkpoint to convert.
 
@@ -570,7 +590,12 @@ def translate_full(argv: Sequence[str], environ: Mapping[str, str] | None = None
         "epochs": ("--trainer.max_epochs", str(args.epochs)),
         "print_freq": ("--trainer.log_every_n_steps", str(args.print_freq)),
     }
-    out += ["--data.root", args.data]
+    if _source_set(config_args, passthrough) == "synthetic":
+        # DIR is required by main_amp.py's syntax, and the synthetic source reads no folder: passed on, it would only
+        # be warned about as an option without effect.
+        notes.append(f"DIR {args.data} is not read: data.source synthetic trains on a fixed batch on the device")
+    else:
+        out += ["--data.root", args.data]
     for dest, (key, value) in values.items():
         if typed is None or dest in typed:
             out += [key, value]

@@ -278,6 +278,28 @@ def test_with_a_config_file_only_the_flags_typed_are_translated_over_it() -> Non
     assert options(apex_compat.translate(["./"], {})[0])["--trainer.max_epochs"] == "90"
 
 
+def test_dir_is_not_passed_to_a_synthetic_source(tmp_path: Path) -> None:
+    # DIR is required by the original's syntax; the synthetic source reads no folder and warned about data.root.
+    synthetic = REPO / "configs" / "resnet50_synthetic.yaml"
+    argv, notes = apex_compat.translate(["-a", "resnet18", "/data/in", "--config", str(synthetic)], {})
+    assert "--data.root" not in options(argv) and options(argv)["--model.arch"] == "resnet18"
+    assert "DIR /data/in is not read: data.source synthetic trains on a fixed batch on the device" in notes
+    argv, _ = apex_compat.translate(["/data/in", "--data.source", "synthetic"], {})
+    assert "--data.root" not in options(argv)
+    # The line's --data.source over the file's, and the last file's over an earlier one's.
+    argv, _ = apex_compat.translate(["/data/in", f"--config={synthetic}", "--data.source", "folder"], {})
+    assert options(argv)["--data.root"] == "/data/in"
+    folder = tmp_path / "folder.yaml"
+    folder.write_text("data:\n  source: folder\n")
+    argv, _ = apex_compat.translate(["/data/in", "--config", str(synthetic), "--config", str(folder)], {})
+    assert options(argv)["--data.root"] == "/data/in"
+    argv, notes = apex_compat.translate(["/data/in", "-c", str(folder), "-c", str(synthetic)], {})
+    assert "--data.root" not in options(argv)
+    # A file the translation cannot read is the parser's to name; the folder is passed on.
+    argv, _ = apex_compat.translate(["/data/in", "--config", str(tmp_path / "missing.yaml")], {})
+    assert options(argv)["--data.root"] == "/data/in"
+
+
 def test_a_config_file_with_main_amp_flags_parses_to_the_files_values(tmp_path: Path) -> None:
     config = tmp_path / "cfg.yaml"
     config.write_text("data:\n  workers: 8\nmodel:\n  warmup_epochs: 1\ntrainer:\n  max_epochs: 7\n")
