@@ -288,6 +288,24 @@ def test_several_windows_without_exit(tmp_path, recorder):
     assert names == ["rank0_steps1-1.pt.trace.json", "rank0_steps4-4.pt.trace.json"]
 
 
+def test_windows_num_steps_apart_are_recorded_back_to_back_and_one_step_closer_is_refused(tmp_path, recorder):
+    # Adjacent windows ([1, 3) and [3, 5)) do not overlap: the first closes at the end of step 2 and the second opens
+    # at the start of step 3, each with its own Kineto trace and step report.
+    window = ProfilerWindow(start_step=[3, 1], num_steps=2, torch_profiler=True)
+    trainer = fit(tmp_path, window, max_steps=10)
+    assert trainer.global_step == 5  # exit_after: after the second window
+    assert [p.name for p in window.trace_files] == ["rank0_steps1-2.pt.trace.json", "rank0_steps3-4.pt.trace.json"]
+    for trace, steps in zip(window.trace_files, (["step 1", "step 2"], ["step 3", "step 4"]), strict=True):
+        user = [e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "user_annotation"]
+        assert [n for n in user if n.startswith("step ")] == steps
+    assert [[s["step"] for s in r["ranks"][0]["steps"]] for r in window.reports] == [[1, 2], [3, 4]]
+    assert recorder.balanced()
+    # One step closer, the second window's first step is the first one's last.
+    with pytest.raises(ValueError, match=re.escape("windows [0, 10) and [9, 19) overlap with num_steps=10")):
+        ProfilerWindow(start_step=[0, 9], num_steps=10)
+    assert ProfilerWindow(start_step=[0, 10], num_steps=10).windows == [(0, 10), (10, 20)]
+
+
 def test_kineto_trace_covers_exactly_the_window(tmp_path, recorder):
     window = ProfilerWindow(start_step=2, num_steps=3, torch_profiler=True)
     fit(tmp_path, window, max_steps=10)
