@@ -519,6 +519,7 @@ def test_exception_with_kineto_stops_the_profiler(tmp_path, recorder):
         ({"trace_dir": "t", "torch_profiler": True}, "profile.torch_profiler, profile.trace_dir set without"),
         ({"start_step": 1, "ranks": [-1]}, "ranks must be"),
         ({"start_step": 1, "ranks": []}, "ranks must be"),
+        ({"start_step": 1, "ranks": [0, 0]}, r"profile\.ranks must be distinct .*got \[0, 0\]"),
         ({"start_step": 1, "record_shapes": True}, "record_shapes applies"),
     ],
 )
