@@ -681,6 +681,8 @@ def test_ddp_two_cpu_ranks_stop_together_and_write_one_trace_each(tmp_path, run_
     assert finals == {0: {"global_step": 5}, 1: {"global_step": 5}}
     # What a CPU run leaves out of the window is said once for the run, not once per rank.
     assert proc.stderr.count("not CUDA: cudaProfilerStart/Stop are skipped") == 1, proc.stderr[-3000:]
+    # Where the traces went is said once, by rank 0 (the first rank that captures), not by every rank.
+    assert proc.stderr.count("profile: Kineto trace written to") == 1, proc.stderr[-3000:]
     assert proc.stderr.count("[rank: 0] profile: Kineto trace written to") == 1, proc.stderr[-3000:]
     traces = sorted(p.name for p in tmp_path.rglob("*.pt.trace.json"))
     assert traces == ["rank0_steps3-4.pt.trace.json", "rank1_steps3-4.pt.trace.json"]
@@ -693,3 +695,18 @@ def test_ddp_two_cpu_ranks_stop_together_and_write_one_trace_each(tmp_path, run_
     assert report.parent.parent == next(tmp_path.rglob("traces")).parent
     ranks = json.loads(report.read_text())["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["source"] == "host+kineto" for r in ranks)
+
+
+@pytest.mark.slow
+def test_ddp_with_profile_ranks_1_only_rank_1_writes_a_trace_and_says_where(tmp_path, run_train):
+    # profile.ranks [1]: rank 0 records nothing, so the line that says where the traces went comes from rank 1.
+    args = [
+        *ddp_synthetic_args(tmp_path), "--profile.start_step", "2", "--profile.num_steps", "1",
+        "--profile.torch_profiler", "true", "--profile.ranks", "[1]", "--profile.report", "false",
+    ]  # fmt: skip
+    proc = run_train(args, cwd=ROOT, timeout=240, env_changes={"CUDA_INJECTION64_PATH": None})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (trace,) = tmp_path.rglob("*.pt.trace.json")
+    assert trace.name == "rank1_steps2-2.pt.trace.json"
+    assert proc.stderr.count("profile: Kineto trace written to") == 1, proc.stderr[-3000:]
+    assert f"[rank: 1] profile: Kineto trace written to {trace} (one per capturing rank)" in proc.stderr
