@@ -288,6 +288,24 @@ def test_several_windows_without_exit(tmp_path, recorder):
     assert names == ["rank0_steps1-1.pt.trace.json", "rank0_steps4-4.pt.trace.json"]
 
 
+def test_windows_num_steps_apart_are_recorded_back_to_back_and_one_step_closer_is_refused(tmp_path, recorder):
+    # Adjacent windows ([1, 3) and [3, 5)) do not overlap: the first closes at the end of step 2 and the second opens
+    # at the start of step 3, each with its own Kineto trace and step report.
+    window = ProfilerWindow(start_step=[3, 1], num_steps=2, torch_profiler=True)
+    trainer = fit(tmp_path, window, max_steps=10)
+    assert trainer.global_step == 5  # exit_after: after the second window
+    assert [p.name for p in window.trace_files] == ["rank0_steps1-2.pt.trace.json", "rank0_steps3-4.pt.trace.json"]
+    for trace, steps in zip(window.trace_files, (["step 1", "step 2"], ["step 3", "step 4"]), strict=True):
+        user = [e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "user_annotation"]
+        assert [n for n in user if n.startswith("step ")] == steps
+    assert [[s["step"] for s in r["ranks"][0]["steps"]] for r in window.reports] == [[1, 2], [3, 4]]
+    assert recorder.balanced()
+    # One step closer, the second window's first step is the first one's last.
+    with pytest.raises(ValueError, match=re.escape("windows [0, 10) and [9, 19) overlap with num_steps=10")):
+        ProfilerWindow(start_step=[0, 9], num_steps=10)
+    assert ProfilerWindow(start_step=[0, 10], num_steps=10).windows == [(0, 10), (10, 20)]
+
+
 def test_kineto_trace_covers_exactly_the_window(tmp_path, recorder):
     window = ProfilerWindow(start_step=2, num_steps=3, torch_profiler=True)
     fit(tmp_path, window, max_steps=10)
@@ -501,6 +519,7 @@ def test_exception_with_kineto_stops_the_profiler(tmp_path, recorder):
         ({"trace_dir": "t", "torch_profiler": True}, "profile.torch_profiler, profile.trace_dir set without"),
         ({"start_step": 1, "ranks": [-1]}, "ranks must be"),
         ({"start_step": 1, "ranks": []}, "ranks must be"),
+        ({"start_step": 1, "ranks": [0, 0]}, r"profile\.ranks must be distinct .*got \[0, 0\]"),
         ({"start_step": 1, "record_shapes": True}, "record_shapes applies"),
     ],
 )
@@ -662,6 +681,8 @@ def test_ddp_two_cpu_ranks_stop_together_and_write_one_trace_each(tmp_path, run_
     assert finals == {0: {"global_step": 5}, 1: {"global_step": 5}}
     # What a CPU run leaves out of the window is said once for the run, not once per rank.
     assert proc.stderr.count("not CUDA: cudaProfilerStart/Stop are skipped") == 1, proc.stderr[-3000:]
+    # Where the traces went is said once, by rank 0 (the first rank that captures), not by every rank.
+    assert proc.stderr.count("profile: Kineto trace written to") == 1, proc.stderr[-3000:]
     assert proc.stderr.count("[rank: 0] profile: Kineto trace written to") == 1, proc.stderr[-3000:]
     traces = sorted(p.name for p in tmp_path.rglob("*.pt.trace.json"))
     assert traces == ["rank0_steps3-4.pt.trace.json", "rank1_steps3-4.pt.trace.json"]
@@ -674,3 +695,18 @@ def test_ddp_two_cpu_ranks_stop_together_and_write_one_trace_each(tmp_path, run_
     assert report.parent.parent == next(tmp_path.rglob("traces")).parent
     ranks = json.loads(report.read_text())["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["source"] == "host+kineto" for r in ranks)
+
+
+@pytest.mark.slow
+def test_ddp_with_profile_ranks_1_only_rank_1_writes_a_trace_and_says_where(tmp_path, run_train):
+    # profile.ranks [1]: rank 0 records nothing, so the line that says where the traces went comes from rank 1.
+    args = [
+        *ddp_synthetic_args(tmp_path), "--profile.start_step", "2", "--profile.num_steps", "1",
+        "--profile.torch_profiler", "true", "--profile.ranks", "[1]", "--profile.report", "false",
+    ]  # fmt: skip
+    proc = run_train(args, cwd=ROOT, timeout=240, env_changes={"CUDA_INJECTION64_PATH": None})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (trace,) = tmp_path.rglob("*.pt.trace.json")
+    assert trace.name == "rank1_steps2-2.pt.trace.json"
+    assert proc.stderr.count("profile: Kineto trace written to") == 1, proc.stderr[-3000:]
+    assert f"[rank: 1] profile: Kineto trace written to {trace} (one per capturing rank)" in proc.stderr
