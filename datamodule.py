@@ -192,7 +192,14 @@ def _options_the_source_ignores(source: str, values: Any) -> list[str]:
     ``--data.source synthetic`` over a folder's configuration, or ``synthetic_train_steps`` left in one for files."""
     defaults = inspect.signature(ImageNetDataModule.__init__).parameters
     unread = _FILE_OPTIONS if source == "synthetic" else _SYNTHETIC_OPTIONS
-    return [f"data.{name} {values[name]}" for name in unread if values[name] != defaults[name].default]
+    return [f"data.{name} {values[name]}" for name in unread if not _is_default(values[name], defaults[name].default)]
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    # A root given as a Path from Python code is the default when it names the same folder.
+    if isinstance(value, os.PathLike) and isinstance(default, str):
+        return Path(value) == Path(default)
+    return value == default
 
 
 class ImageNetDataModule(pl.LightningDataModule):

@@ -729,6 +729,9 @@ def test_options_the_source_does_not_read_are_said() -> None:
         warnings.simplefilter("error")  # what each source reads, and the defaults of what it does not, say nothing
         ImageNetDataModule(source="synthetic", batch_size=4, crop_size=32, synthetic_num_classes=3, seed=2)
         ImageNetDataModule(root="unused", source="folder", workers=2, decode="gpu", cpu_decode_share=0.5)
+        ImageNetDataModule(root=Path("data/imagenet"), source="synthetic")  # the default folder, as a Path
+    with pytest.warns(UserWarning, match=re.escape("data.source synthetic does not read data.root elsewhere:")):
+        ImageNetDataModule(root=Path("elsewhere"), source="synthetic")
 
 
 def test_teardown_closes_the_loaders_it_made_and_their_workers(shapes_root: Path) -> None:
