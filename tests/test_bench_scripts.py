@@ -3,6 +3,7 @@ and log summary, pil_decode_rate.py's statistic in one process and in several, m
 
 from __future__ import annotations
 
+import copy
 import itertools
 import re
 import subprocess
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torchvision
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION = ROOT / "bench" / "gpu_session.sh"
@@ -299,3 +301,68 @@ def test_the_cudnn_fusion_probe_says_it_needs_a_gpu() -> None:
         [sys.executable, str(ROOT / "bench" / "cudnn_fusion_probe.py")], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 2 and "needs a CUDA GPU" in done.stdout and "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only exit")
+def test_the_fused_resnet_probe_says_it_needs_a_gpu() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "cudnn_fused_resnet.py")], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stdout and "Traceback" not in done.stderr
+
+
+# cudnn_fused_resnet.py's math, without cuDNN's graphs (its op computes the same in torch): the op's backward is the
+# probe's own, and the fused bottleneck must train as torchvision's does.
+
+
+@pytest.mark.parametrize(("stride", "padding", "prologue"), [(1, 1, True), (2, 1, True), (1, 0, False)])
+def test_the_fused_resnet_probes_conv_stats_backward_is_the_gradient(bench_script, stride, padding, prologue) -> None:
+    probe = bench_script("cudnn_fused_resnet")
+    generator = torch.Generator().manual_seed(0)
+
+    def leaf(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        t = scale * torch.randn(*shape, generator=generator, dtype=torch.float64)
+        return t.contiguous(memory_format=torch.channels_last).requires_grad_()
+
+    x, w = leaf(2, 3, 6, 6), leaf(4, 3, 3 if padding else 1, 3 if padding else 1)
+    scale, bias = leaf(1, 3, 1, 1, scale=0.5), leaf(1, 3, 1, 1, scale=0.5)
+    op = probe.conv_stats  # y, its sums and sums of squares: every output's gradient reaches the inputs
+    assert torch.autograd.gradcheck(lambda *a: op(*a, stride, padding, prologue), (x, scale, bias, w))
+    y, total, squares = op(x, scale, bias, w, stride, padding, prologue)
+    a = torch.relu(x * scale + bias) if prologue else x
+    expected = torch.nn.functional.conv2d(a, w, stride=stride, padding=padding)
+    torch.testing.assert_close(y, expected)
+    torch.testing.assert_close(total.view(-1), expected.sum((0, 2, 3)))
+    torch.testing.assert_close(squares.view(-1), (expected**2).sum((0, 2, 3)))
+
+
+def test_the_fused_resnet_probes_bottleneck_trains_as_torchvisions(bench_script) -> None:
+    probe = bench_script("cudnn_fused_resnet")
+    torch.manual_seed(0)
+    for stride, downsample in ((1, False), (2, True)):
+        block = torchvision.models.resnet.Bottleneck(
+            16, 4, stride=stride,
+            downsample=torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1, stride, bias=False), torch.nn.BatchNorm2d(16))
+            if downsample else None,
+        ).double()  # fmt: skip
+        for bn in (block.bn1, block.bn2, block.bn3):  # not BN's initial 1 and 0: every parameter's gradient counts
+            torch.nn.init.uniform_(bn.weight, 0.5, 1.5)
+            torch.nn.init.uniform_(bn.bias, -0.5, 0.5)
+        fused = probe.FusedBottleneck(copy.deepcopy(block), torch.float64)
+        x = torch.randn(3, 16, 8, 8, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+        grads = []
+        for model in (block, fused):
+            inp = x.clone().requires_grad_()
+            out = model(inp)
+            (out * torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)).sum().backward()
+            grads.append((out.detach(), inp.grad, {n: p.grad for n, p in model.named_parameters()}))
+        torch.testing.assert_close(grads[1][0], grads[0][0])
+        torch.testing.assert_close(grads[1][1], grads[0][1])
+        assert grads[1][2].keys() == grads[0][2].keys()
+        for name, grad in grads[0][2].items():
+            torch.testing.assert_close(grads[1][2][name], grad, msg=name)
+        norms = ("bn1", "bn2", "bn3", *(("downsample.1",) if downsample else ()))
+        for name in norms:  # the running statistics as BatchNorm2d's (unbiased variance)
+            mine, theirs = fused.get_submodule(name), block.get_submodule(name)
+            torch.testing.assert_close(mine.running_mean, theirs.running_mean)
+            torch.testing.assert_close(mine.running_var, theirs.running_var)
