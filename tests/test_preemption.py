@@ -144,6 +144,35 @@ def test_the_save_is_recorded_as_the_last_checkpoint_callbacks_own_file(tmp_path
     assert state["best_model_path"] == str(path) and last.best_model_path == str(path)
 
 
+@pytest.mark.parametrize("latest", ["last_checkpoint", "save_last"])
+def test_the_save_goes_to_the_folder_of_the_callback_that_writes_last_ckpt_not_the_first_ones(
+    tmp_path: Path, latest: str
+) -> None:
+    """As train.py with --checkpoint.dirpath and --last_checkpoint.dirpath apart: the best checkpoint callback comes
+    first (trainer.checkpoint_callback), but a requeued job's --ckpt_path last looks where last.ckpt is written, so
+    the preemption checkpoint goes there (also beside a save_last callback's last.ckpt)."""
+    best = ResumableCheckpoint(dirpath=tmp_path / "best", monitor="val_loss", filename="best-{epoch}")
+    if latest == "last_checkpoint":
+        last = ResumableCheckpoint(
+            dirpath=tmp_path / "latest", filename="last", monitor=None, enable_version_counter=False
+        )
+    else:
+        last = ModelCheckpoint(dirpath=tmp_path / "latest", filename="step{step}", monitor=None, save_last=True)
+    handler = PreemptionHandler()
+    trainer = tiny_trainer(
+        tmp_path, [handler, SendSignal(signal.SIGTERM, at_batch=2), best, last], enable_checkpointing=True
+    )
+    assert trainer.checkpoint_callback is best
+    with pytest.raises(PreemptedExit):
+        trainer.fit(TinyWithValidation())
+    path = tmp_path / "latest" / "last.ckpt"
+    # Sent after the handler's check of step 3: saved at step 4.
+    assert handler.checkpoint_path == str(path) and load(path)["global_step"] == handler.stopped_at_step == 4
+    assert not (tmp_path / "best").exists() and not (tmp_path / "checkpoints").exists()
+    # Recorded as that callback's own file, so the resumed run's callback replaces it.
+    assert (last.best_model_path if latest == "last_checkpoint" else last.last_model_path) == str(path)
+
+
 def test_check_every_n_steps_and_explicit_dirpath(tmp_path: Path) -> None:
     handler = PreemptionHandler(check_every_n_steps=4, dirpath=str(tmp_path / "preempted"), filename="stop.ckpt")
     trainer = tiny_trainer(tmp_path, [handler, SendSignal(signal.SIGTERM, at_batch=4)])
