@@ -367,11 +367,25 @@ def test_signal_handler_repeats() -> None:
         ({"filename": "a/last.ckpt"}, "plain file name"),
         ({"child_wait_s": -1}, "child_wait_s must be a number of seconds >= 0"),
         ({"child_wait_s": float("nan")}, "child_wait_s must be a number of seconds >= 0, got nan"),
+        # No limit: rank 0 of a stopped job would wait for a hung child rank until the scheduler's SIGKILL.
+        ({"child_wait_s": float("inf")}, "child_wait_s must be a number of seconds >= 0, got inf"),
     ],
 )
 def test_arguments_are_validated(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PreemptionHandler(**kwargs)
+
+
+@pytest.mark.parametrize("value", [".inf", "1e999"])
+def test_an_endless_child_wait_is_refused_on_the_command_line(
+    value: str, shapes_root: Path, tmp_path: Path, tiny_args, refused
+) -> None:
+    # YAML's infinity, and a number too large for a float: both parse as inf.
+    # (One step and no validation: accepted, the run would be short.)
+    args = tiny_args(shapes_root, tmp_path / "runs", trainer__max_steps=1, trainer__limit_val_batches=0)
+    said = refused(["fit", *args, "--preemption.child_wait_s", value])
+    assert said == "error: preemption.child_wait_s must be a number of seconds >= 0, got inf"
+    assert not (tmp_path / "runs").exists()
 
 
 def test_ddp_timeout_is_configurable_from_the_cli(
