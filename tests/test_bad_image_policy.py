@@ -24,6 +24,7 @@ from bad_image_policy import (
     BadImageCollate,
     BadImageCounter,
     BadImagePolicy,
+    SeededIndex,
     find_bad_image_counter,
 )
 from callbacks.bad_images import BadImageCount
@@ -117,6 +118,31 @@ def test_skip_policy_gives_up_on_a_run_of_bad_files(folder_with_bad: tuple[Path,
     Path(dataset.samples[4][0]).write_bytes(b"")  # 3 and 4: a run of two, one more than max_consecutive
     with pytest.raises(BadImageError, match="^2 bad images in a row from index 3 on"):
         dataset[3]
+
+
+def test_a_seeded_sample_leaves_the_main_processs_generator_as_it_was_also_when_it_raises(
+    folder_with_bad: tuple[Path, list[str]],
+) -> None:
+    """With workers: 0 the samples load in the training process: the model's draws (dropout, a random init) after a
+    seeded sample must be those it would have made without it, also after a sample that raised."""
+    root, bad = folder_with_bad
+    folder = tagged_folder(root)
+    folder.transform = transforms.RandomCrop(8)  # the sample draws from the generator, as the augmentations do
+    dataset = BadImagePolicy(folder, on_bad_image="error")
+    with torch.random.fork_rng(devices=[]):  # the other tests' generator as it was
+        torch.manual_seed(1234)
+        state = torch.get_rng_state()
+        expected = torch.rand(8)
+        torch.set_rng_state(state)
+        first = dataset[SeededIndex(2, 99)][0]
+        assert torch.equal(torch.rand(8), expected)
+        torch.set_rng_state(state)
+        with pytest.raises(BadImageError, match=r"img_03\.JPEG"):
+            dataset[SeededIndex(3, 99)]  # seeded, then raised
+        assert torch.equal(torch.rand(8), expected)
+        # The seed alone picks the crop, whatever the generator's state before.
+        torch.manual_seed(5678)
+        assert dataset[SeededIndex(2, 99)][0] == first
 
 
 def test_policy_validates_its_arguments() -> None:
