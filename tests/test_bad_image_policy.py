@@ -152,8 +152,9 @@ def test_policy_validates_its_arguments() -> None:
         BadImagePolicy([], max_consecutive=0)
 
 
-def skip_loader(root: Path, workers: int, batch_size: int = 4) -> BadImageCounter:
-    dataset = BadImagePolicy(tagged_folder(root), on_bad_image="skip")
+def skip_loader(root: Path, workers: int, batch_size: int = 4, split: str = "train") -> BadImageCounter:
+    """The data module's loader of ``split`` (``train`` or ``val``) with ``data.on_bad_image: skip``."""
+    dataset = BadImagePolicy(tagged_folder(root), on_bad_image="skip", evaluation=split != "train")
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
@@ -162,7 +163,27 @@ def skip_loader(root: Path, workers: int, batch_size: int = 4) -> BadImageCounte
         collate_fn=BadImageCollate(fast_collate),
         persistent_workers=workers > 0,
     )
-    return BadImageCounter(loader)
+    return BadImageCounter(loader, split)
+
+
+@pytest.mark.parametrize(
+    ("split", "what"), [("train", "replaces it with the next image"), ("val", "leaves it out of the metrics")]
+)
+def test_the_warning_says_what_skip_does_with_the_image_in_its_split(
+    folder_with_bad: tuple[Path, list[str]], split: str, what: str
+) -> None:
+    root, bad = folder_with_bad
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        targets = torch.cat([targets for _, targets in skip_loader(root, workers=0, split=split)]).tolist()
+    # What the warning says is what happened: the neighbour trained on in its place, or nothing scored for it.
+    assert targets[3] == (4 if split == "train" else IGNORED_TARGET)
+    reported = [str(w.message) for w in caught if issubclass(w.category, BadImageWarning)]
+    assert len(reported) == 3
+    assert reported[0] == (
+        f"data ({split}): skipping bad image {bad[0]}: the file is empty (data.on_bad_image: skip {what}; reported "
+        "once per file)"
+    )
 
 
 def test_counts_per_epoch_with_two_workers_and_warns_once_per_file(folder_with_bad: tuple[Path, list[str]]) -> None:
