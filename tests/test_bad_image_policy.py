@@ -24,6 +24,7 @@ from bad_image_policy import (
     BadImageCollate,
     BadImageCounter,
     BadImagePolicy,
+    SeededIndex,
     find_bad_image_counter,
 )
 from callbacks.bad_images import BadImageCount
@@ -119,6 +120,31 @@ def test_skip_policy_gives_up_on_a_run_of_bad_files(folder_with_bad: tuple[Path,
         dataset[3]
 
 
+def test_a_seeded_sample_leaves_the_main_processs_generator_as_it_was_also_when_it_raises(
+    folder_with_bad: tuple[Path, list[str]],
+) -> None:
+    """With workers: 0 the samples load in the training process: the model's draws (dropout, a random init) after a
+    seeded sample must be those it would have made without it, also after a sample that raised."""
+    root, bad = folder_with_bad
+    folder = tagged_folder(root)
+    folder.transform = transforms.RandomCrop(8)  # the sample draws from the generator, as the augmentations do
+    dataset = BadImagePolicy(folder, on_bad_image="error")
+    with torch.random.fork_rng(devices=[]):  # the other tests' generator as it was
+        torch.manual_seed(1234)
+        state = torch.get_rng_state()
+        expected = torch.rand(8)
+        torch.set_rng_state(state)
+        first = dataset[SeededIndex(2, 99)][0]
+        assert torch.equal(torch.rand(8), expected)
+        torch.set_rng_state(state)
+        with pytest.raises(BadImageError, match=r"img_03\.JPEG"):
+            dataset[SeededIndex(3, 99)]  # seeded, then raised
+        assert torch.equal(torch.rand(8), expected)
+        # The seed alone picks the crop, whatever the generator's state before.
+        torch.manual_seed(5678)
+        assert dataset[SeededIndex(2, 99)][0] == first
+
+
 def test_policy_validates_its_arguments() -> None:
     with pytest.raises(ValueError, match="data.on_bad_image must be 'error' or 'skip', got 'ignore'"):
         BadImagePolicy([], on_bad_image="ignore")  # type: ignore[arg-type]
@@ -126,8 +152,9 @@ def test_policy_validates_its_arguments() -> None:
         BadImagePolicy([], max_consecutive=0)
 
 
-def skip_loader(root: Path, workers: int, batch_size: int = 4) -> BadImageCounter:
-    dataset = BadImagePolicy(tagged_folder(root), on_bad_image="skip")
+def skip_loader(root: Path, workers: int, batch_size: int = 4, split: str = "train") -> BadImageCounter:
+    """The data module's loader of ``split`` (``train`` or ``val``) with ``data.on_bad_image: skip``."""
+    dataset = BadImagePolicy(tagged_folder(root), on_bad_image="skip", evaluation=split != "train")
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
@@ -136,7 +163,27 @@ def skip_loader(root: Path, workers: int, batch_size: int = 4) -> BadImageCounte
         collate_fn=BadImageCollate(fast_collate),
         persistent_workers=workers > 0,
     )
-    return BadImageCounter(loader)
+    return BadImageCounter(loader, split)
+
+
+@pytest.mark.parametrize(
+    ("split", "what"), [("train", "replaces it with the next image"), ("val", "leaves it out of the metrics")]
+)
+def test_the_warning_says_what_skip_does_with_the_image_in_its_split(
+    folder_with_bad: tuple[Path, list[str]], split: str, what: str
+) -> None:
+    root, bad = folder_with_bad
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        targets = torch.cat([targets for _, targets in skip_loader(root, workers=0, split=split)]).tolist()
+    # What the warning says is what happened: the neighbour trained on in its place, or nothing scored for it.
+    assert targets[3] == (4 if split == "train" else IGNORED_TARGET)
+    reported = [str(w.message) for w in caught if issubclass(w.category, BadImageWarning)]
+    assert len(reported) == 3
+    assert reported[0] == (
+        f"data ({split}): skipping bad image {bad[0]}: the file is empty (data.on_bad_image: skip {what}; reported "
+        "once per file)"
+    )
 
 
 def test_counts_per_epoch_with_two_workers_and_warns_once_per_file(folder_with_bad: tuple[Path, list[str]]) -> None:

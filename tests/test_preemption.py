@@ -144,6 +144,35 @@ def test_the_save_is_recorded_as_the_last_checkpoint_callbacks_own_file(tmp_path
     assert state["best_model_path"] == str(path) and last.best_model_path == str(path)
 
 
+@pytest.mark.parametrize("latest", ["last_checkpoint", "save_last"])
+def test_the_save_goes_to_the_folder_of_the_callback_that_writes_last_ckpt_not_the_first_ones(
+    tmp_path: Path, latest: str
+) -> None:
+    """As train.py with --checkpoint.dirpath and --last_checkpoint.dirpath apart: the best checkpoint callback comes
+    first (trainer.checkpoint_callback), but a requeued job's --ckpt_path last looks where last.ckpt is written, so
+    the preemption checkpoint goes there (also beside a save_last callback's last.ckpt)."""
+    best = ResumableCheckpoint(dirpath=tmp_path / "best", monitor="val_loss", filename="best-{epoch}")
+    if latest == "last_checkpoint":
+        last = ResumableCheckpoint(
+            dirpath=tmp_path / "latest", filename="last", monitor=None, enable_version_counter=False
+        )
+    else:
+        last = ModelCheckpoint(dirpath=tmp_path / "latest", filename="step{step}", monitor=None, save_last=True)
+    handler = PreemptionHandler()
+    trainer = tiny_trainer(
+        tmp_path, [handler, SendSignal(signal.SIGTERM, at_batch=2), best, last], enable_checkpointing=True
+    )
+    assert trainer.checkpoint_callback is best
+    with pytest.raises(PreemptedExit):
+        trainer.fit(TinyWithValidation())
+    path = tmp_path / "latest" / "last.ckpt"
+    # Sent after the handler's check of step 3: saved at step 4.
+    assert handler.checkpoint_path == str(path) and load(path)["global_step"] == handler.stopped_at_step == 4
+    assert not (tmp_path / "best").exists() and not (tmp_path / "checkpoints").exists()
+    # Recorded as that callback's own file, so the resumed run's callback replaces it.
+    assert (last.best_model_path if latest == "last_checkpoint" else last.last_model_path) == str(path)
+
+
 def test_check_every_n_steps_and_explicit_dirpath(tmp_path: Path) -> None:
     handler = PreemptionHandler(check_every_n_steps=4, dirpath=str(tmp_path / "preempted"), filename="stop.ckpt")
     trainer = tiny_trainer(tmp_path, [handler, SendSignal(signal.SIGTERM, at_batch=4)])
@@ -338,11 +367,25 @@ def test_signal_handler_repeats() -> None:
         ({"filename": "a/last.ckpt"}, "plain file name"),
         ({"child_wait_s": -1}, "child_wait_s must be a number of seconds >= 0"),
         ({"child_wait_s": float("nan")}, "child_wait_s must be a number of seconds >= 0, got nan"),
+        # No limit: rank 0 of a stopped job would wait for a hung child rank until the scheduler's SIGKILL.
+        ({"child_wait_s": float("inf")}, "child_wait_s must be a number of seconds >= 0, got inf"),
     ],
 )
 def test_arguments_are_validated(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PreemptionHandler(**kwargs)
+
+
+@pytest.mark.parametrize("value", [".inf", "1e999"])
+def test_an_endless_child_wait_is_refused_on_the_command_line(
+    value: str, shapes_root: Path, tmp_path: Path, tiny_args, refused
+) -> None:
+    # YAML's infinity, and a number too large for a float: both parse as inf.
+    # (One step and no validation: accepted, the run would be short.)
+    args = tiny_args(shapes_root, tmp_path / "runs", trainer__max_steps=1, trainer__limit_val_batches=0)
+    said = refused(["fit", *args, "--preemption.child_wait_s", value])
+    assert said == "error: preemption.child_wait_s must be a number of seconds >= 0, got inf"
+    assert not (tmp_path / "runs").exists()
 
 
 def test_ddp_timeout_is_configurable_from_the_cli(

@@ -327,3 +327,51 @@ def test_a_bad_image_in_validation_saves_nothing(shapes_root, tmp_path, tiny_arg
     with pytest.raises(BadImageError, match=victim.name):
         train.main(["fit", *job, "--trainer.max_epochs", "1"])
     assert not (tmp_path / "ckpt" / "last.ckpt").exists()
+
+
+class SaveSteps(Callback):
+    """The global step of every checkpoint the fits it is part of saved (a class attribute: train.py makes it)."""
+
+    steps: list[int] = []
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, *args: object) -> None:
+        SaveSteps.steps.append(trainer.global_step)
+
+
+@pytest.mark.parametrize(("bad_batch", "every_n_train_steps", "saves"), [(0, None, []), (2, 2, [2])])
+def test_a_bad_image_saves_nothing_where_there_is_nothing_new_to_resume(
+    shapes_root, tmp_path, tiny_args, monkeypatch, bad_batch, every_n_train_steps, saves
+):
+    """A bad file in the first batch stops the fit at step 0, with nothing trained: no step-0 last.ckpt, there is
+    nothing to resume from. One in batch 2, right after last_checkpoint saved step 2 (every 2 steps): that file is
+    the state the fit stopped at, and is not written a second time."""
+    import shutil
+    import sys
+
+    import train
+    from datamodule import TrainSampler
+    from image_folder import VisibleImageFolder
+    from image_loading import BadImageError
+
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    files = [path for path, _ in VisibleImageFolder(str(root / "train")).samples]
+    order = TrainSampler(files, 1, 0, seed=0, batch_size=8)
+    order.set_epoch(0)
+    victim = Path(files[list(order)[8 * bad_batch + 5]])  # the data seed's (0) order of epoch 0
+    victim.write_bytes(b"not a JPEG")
+    monkeypatch.setattr(sys, "argv", [str(Path(train.__file__))])
+    job = tiny_args(root, tmp_path, data__batch_size=8, trainer__limit_val_batches=0,
+                    last_checkpoint__dirpath=tmp_path / "ckpt",
+                    last_checkpoint__every_n_train_steps=every_n_train_steps, trainer__max_steps=7)  # fmt: skip
+    SaveSteps.steps = []
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(BadImageError, match=victim.name):
+        warnings.simplefilter("always")
+        train.main(["fit", *job, "--trainer.callbacks+", "test_resumable_checkpoint.SaveSteps"])
+    assert not [str(w.message) for w in caught if str(w.message).startswith("bad image: saved")]
+    assert SaveSteps.steps == saves
+    last = tmp_path / "ckpt" / "last.ckpt"
+    if saves:
+        assert torch.load(last, weights_only=False, map_location="cpu")["global_step"] == saves[-1]
+    else:
+        assert not last.exists()
