@@ -185,8 +185,10 @@ def _precision_hint(message: str) -> str:
 
 
 def option_values(args: Sequence[str], names: Sequence[str]) -> list[str]:
-    """The values of the options ``names`` in ``args``, in order (``--name VALUE`` and ``--name=VALUE``)."""
+    """The values of the options ``names`` in ``args``, in order (``--name VALUE``, ``--name=VALUE``, and for a short
+    name ``-c``, argparse's ``-cVALUE`` too)."""
     values = []
+    short = [name for name in names if len(name) == 2 and name[0] == "-" and name[1] != "-"]
     for position, token in enumerate(args):
         name, equals, value = token.partition("=")
         if name in names:
@@ -194,6 +196,8 @@ def option_values(args: Sequence[str], names: Sequence[str]) -> list[str]:
                 values.append(value)
             elif position + 1 < len(args):
                 values.append(args[position + 1])
+        elif not token.startswith("--") and any(token.startswith(s) and len(token) > 2 for s in short):
+            values.append(token[2:])
     return values
 
 

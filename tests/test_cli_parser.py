@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
 from pathlib import Path
@@ -66,6 +67,8 @@ def test_a_misspelt_config_path_gets_the_closest_file(tmp_path: Path, capsys, mo
     assert err.endswith("; did you mean mine/big_run.yml?\n")
     err = error_of(["fit", "--config=mine/other.yaml"], capsys, monkeypatch)
     assert err.endswith(" (the config files in mine: a.yaml, big_run.yml)\n")
+    err = error_of(["fit", "-cmine/big_rnu.yml"], capsys, monkeypatch)  # argparse's attached short form
+    assert err.endswith("; did you mean mine/big_run.yml?\n")
     # A folder that does not exist: the application's own configs, by a path that works from here.
     err = error_of(["fit", "--config", "config/resnet50_synthetic.yaml"], capsys, monkeypatch)
     assert err.endswith(f"; did you mean {REPO / 'configs' / 'resnet50_synthetic.yaml'}?\n")
@@ -211,6 +214,26 @@ def test_the_apps_warnings_print_without_their_source_line(capsys, monkeypatch) 
     assert warnings.formatwarning(bad, BadImageWarning, app_file, 9, "self._record(bad)") == (
         f"{app_file}:9: BadImageWarning: skipping bad image x.JPEG\n"
     )
+
+
+def test_a_package_installed_inside_the_apps_folder_keeps_pythons_format(capsys, monkeypatch) -> None:
+    # A virtual environment in the project's folder: its packages' warnings are not the application's.
+    monkeypatch.setattr(sys, "argv", [str(REPO / "train.py")])
+    with pytest.raises(SystemExit):
+        train.main(["--version"])
+    package_file = str(REPO / ".venv" / "lib" / "python3.11" / "site-packages" / "pkg" / "mod.py")
+    said = warnings.formatwarning(UserWarning("said"), UserWarning, package_file, 7, "rank_zero_warn(x)")
+    assert said.startswith(f"{package_file}:7: UserWarning: said") and "rank_zero_warn(x)" in said
+
+
+def test_lightnings_litlogger_advert_is_not_logged(caplog) -> None:
+    cli_parser.tidy_console(str(REPO))
+    log = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    with caplog.at_level(logging.INFO, logger=log.name):
+        log.info("Tip: for seamless cloud logging and experiment tracking, try `pip install litlogger`: "
+                 "https://pypi.org/project/litlogger/")  # fmt: skip
+        log.info("GPU available: False, used: False")
+    assert [r.getMessage() for r in caplog.records if r.name == log.name] == ["GPU available: False, used: False"]
 
 
 def test_lightnings_pytree_deprecation_notice_is_not_printed(monkeypatch) -> None:

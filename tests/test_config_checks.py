@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from jsonargparse import Namespace
 
 import config_checks
 import train
@@ -201,3 +202,20 @@ def test_a_validation_interval_in_time_is_lightnings_to_check(
                 "--trainer.check_val_every_n_epoch", "null"])  # fmt: skip
     assert isinstance(cli.trainer, pl.Trainer)  # built, not refused
     assert cli.config.trainer.val_check_interval in ("00:00:00:01", {"minutes": 1})
+
+
+@pytest.mark.parametrize("key", ["trainer.default_root_dir", "checkpoint.dirpath"])
+def test_a_remote_folder_is_left_to_lightning(key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # fsspec URLs Lightning writes to (s3://, gs://): as local paths they would be a folder named "s3:" here, and a
+    # file of that name would refuse a run that never writes there.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s3:").write_text("")
+    section, option = key.split(".")
+    config = Namespace(trainer=Namespace(default_root_dir=None, logger=None), data=Namespace(source="folder"),
+                       checkpoint=Namespace(dirpath=None), last_checkpoint=Namespace(dirpath=None),
+                       preemption=Namespace(dirpath=None), profile=Namespace(torch_profiler=False))  # fmt: skip
+    config[key] = "s3://bucket/runs"
+    config_checks._check_folders(config, "fit")
+    config[key] = "s3:/bucket/runs"  # a local path through that file: refused
+    with pytest.raises(config_checks.ConfigError, match=f"{key} s3:/bucket/runs: .*is a file, not a folder"):
+        config_checks._check_folders(config, "fit")
