@@ -10,13 +10,16 @@ Each bottleneck's three convolutions go through one custom op, ``conv_stats(x, s
 scale + bias), w) (no prologue for the block's first conv, whose input is the block's input) and the per-channel sum
 and sum of squares of y. The BN that follows is folded from those sums into the next op's scale and bias; the
 block's last BN, the downsample's BN (its conv goes through the op too), the residual add and the ReLU are torch
-pointwise work. The stem and the classifier are torchvision's. The op's backward (torch ops: the
-recomputed ReLU input, ``convolution_backward``, the sums' gradients) is what ``torch.compile`` traces and fuses.
+pointwise work; the stem and the classifier are torchvision's. The op's backward (torch ops: the recomputed ReLU
+input, ``convolution_backward``, the sums' gradients) is what ``torch.compile`` traces and fuses.
 Where a graph does not build (a stride cuDNN's fusion does not take, a dtype without an engine), the op computes the
 same in torch and the probe says how many convolutions that was.
 
-The block is checked first: its output, loss and gradients against an fp32 torchvision reference, beside torchvision
-in the same fp16 autocast; the probe stops if the fused error is more than three times torchvision's plus 0.01.
+Correctness comes first. Four blocks (one of each layer, one with a downsample), each alone, in fp16 against the
+same block in fp32: the output and the input's and parameters' gradients of the fused block and of torchvision's in
+the same autocast; the probe stops if a fused error is more than three times torchvision's plus 0.01, or if the
+network's loss is off. (The whole untrained network's gradients are printed, not checked: fp16's rounding grows
+through it to most of the early layers' gradients, for torchvision's model as much.)
 
 Needs the cuDNN frontend's Python bindings (not a dependency of the application): see cudnn_fusion_probe.py's
 docstring for carrying the wheel, then ``python bench/cudnn_fused_resnet.py --fe-path /tmp/fe``.
