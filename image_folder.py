@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +101,11 @@ def check_layout(root: str | os.PathLike) -> list[str]:
         except ValueError as error:
             raise ValueError(f"data.root: {error}; rerun resize_dataset.py") from None
         if written.get("complete") is not True:
+            source = shlex.quote(str(written["source"])) if written.get("source") else "SOURCE"  # as the manifest says
             raise ValueError(
                 f"data.root: {root} is an unfinished copy by resize_dataset.py ({manifest}: complete is not true); "
-                f"run python resize_dataset.py SOURCE {root} --short-side {written.get('short_side', 'N')} "
+                f"run python resize_dataset.py {source} {shlex.quote(str(root))} "
+                f"--short-side {written.get('short_side', 'N')} "
                 f"--quality {written.get('quality', 'Q')} again to finish it (it resumes)"
             )
     classes = {}

@@ -602,9 +602,13 @@ class ImageNetClassifier(pl.LightningModule):
         # The same condition on every rank at the same step: Lightning writes step metrics on exactly these steps
         # (none with log_every_n_steps 0; the epoch's train_loss_epoch is still logged), and at a step where the fit
         # stops (trainer.should_stop: exit_after, max_time, early stopping; decided alike on every rank), where it
-        # wrote the last interval's row a second time: the stop's own, shorter interval instead.
+        # wrote the last interval's row a second time: the stop's own, shorter interval instead. Reaching max_steps
+        # sets no should_stop: without its own row, the steps after the last logged one were never logged.
         every = self.trainer.log_every_n_steps
-        stopping = self.trainer.should_stop and getattr(self.trainer.fit_loop, "_can_stop_early", True)
+        max_steps = self.trainer.max_steps
+        stopping = (self.trainer.should_stop and getattr(self.trainer.fit_loop, "_can_stop_early", True)) or (
+            0 <= max_steps <= step
+        )
         if every <= 0 or (step % every != 0 and not stopping):
             return
         # Named on the timeline: the step's range has closed (callbacks run first), and this is the interval's sync.

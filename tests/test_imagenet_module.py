@@ -735,6 +735,19 @@ def test_the_interval_speed_leaves_out_validation_and_the_epoch_end(monkeypatch:
     assert logged == [pytest.approx(batch / 1.0)] * 6  # one second a step, every interval
 
 
+@pytest.mark.parametrize(("max_steps", "steps"), [(5, [2, 4, 5]), (4, [2, 4]), (-1, [2, 4, 6, 8])])
+def test_the_steps_after_the_last_logged_one_are_logged_when_max_steps_ends_the_fit(max_steps, steps) -> None:
+    # Reaching max_steps sets no trainer.should_stop: step 5's interval (step 5 alone) went unlogged.
+    model = ImageNetClassifier(arch="resnet18", num_classes=4, batch_size=2, warmup_epochs=0)
+    logged: list[int] = []
+    model.log_dict = lambda metrics, **_: logged.append(model.global_step)
+    data = DataLoader(TensorDataset(torch.randn(16, 3, 8, 8), torch.tensor([0, 1, 2, 3] * 4)), batch_size=2)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, max_steps=max_steps, log_every_n_steps=2,
+                         limit_val_batches=0, **QUIET)  # fmt: skip
+    trainer.fit(model, data)
+    assert logged == steps
+
+
 def test_the_interval_speed_counts_every_micro_batch_and_the_print_line_says_the_logged_figures(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

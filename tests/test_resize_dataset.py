@@ -217,7 +217,7 @@ def test_a_copy_killed_midway_resumes_and_says_so(tmp_path: Path, monkeypatch, c
         ValueError,
         match=re.escape(f"{dst} is an unfinished copy by resize_dataset.py")
         + r".*"
-        + re.escape(f"resize_dataset.py SOURCE {dst} --short-side 256 --quality 90 again"),
+        + re.escape(f"resize_dataset.py {src} {dst} --short-side 256 --quality 90 again"),  # the manifest's source,
     ):
         ImageNetDataModule(root=str(dst), workers=0, batch_size=2).setup("fit")
     monkeypatch.undo()
