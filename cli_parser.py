@@ -48,7 +48,8 @@ class ReadableErrorsParser(LightningArgumentParser):
         cwd = getattr(self, "_cwd", os.getcwd())
         message = _name_the_config_file(message, self._given or [], cwd)
         message = _name_the_file_that_is_no_mapping(message, self._given or [], cwd)
-        hints = _suggestion(message, parser, self._given or []) + _precision_hint(message) + _num_classes_hint(message)
+        hints = _suggestion(message, parser, self._given or [], cwd) + _precision_hint(message)
+        hints += _num_classes_hint(message)
         hints += _subcommand_first_hint(message) + _config_file_hint(message, self._given or [], cwd)
         super().error(message + hints + _empty_section_hint(message), ex)
 
@@ -105,7 +106,7 @@ def _num_classes_hint(message: str) -> str:
     )
 
 
-def _suggestion(message: str, parser: Any, given: list[str]) -> str:
+def _suggestion(message: str, parser: Any, given: list[str], cwd: str) -> str:
     """``; did you mean --model.arch?`` (and where an unknown key came from) for an unknown option in ``message``."""
     found = _UNRECOGNIZED.search(message) or _NOT_ACCEPTED.search(message)
     if found is None:
@@ -115,10 +116,20 @@ def _suggestion(message: str, parser: Any, given: list[str]) -> str:
     close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)
     hint = f"; did you mean --{close[0]}?" if close else ""
     if found.re is _NOT_ACCEPTED and f"--{name}" not in given:
-        configs = option_values(given, ("--config", "-c"))
+        # The files that hold the key; all of them when none does by its dotted path (a config named in a config).
+        configs = [path for path, content, _ in _config_files(given, cwd) if _holds_key(content, name.split("."))]
+        configs = configs or option_values(given, ("--config", "-c"))
         if configs:
             hint += f" ('{name}' is a key of {' or '.join(configs)}, not of the command line)"
     return hint
+
+
+def _holds_key(content: Any, parts: list[str]) -> bool:
+    for part in parts:
+        if not isinstance(content, dict) or part not in content:
+            return False
+        content = content[part]
+    return True
 
 
 def _config_files(given: list[str], cwd: str) -> Iterator[tuple[str, Any, yaml.YAMLError | None]]:

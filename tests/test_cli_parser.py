@@ -109,7 +109,13 @@ def test_a_config_files_unknown_key_names_the_files(tmp_path: Path, capsys, monk
     config.write_text("data:\n  batchsize: 8\n")
     err = error_of(["fit", "--config", QUICKSTART, "--config", str(config)], capsys, monkeypatch)
     assert "does not accept option 'data.batchsize'; did you mean --data.batch_size?" in err
-    assert f"is a key of {QUICKSTART} or {config}, not of the command line" in err
+    assert f"is a key of {config}, not of the command line" in err  # not quickstart.yaml, which has no such key
+    other = tmp_path / "other.yaml"
+    other.write_text("data:\n  batchsize: 16\n")
+    err = error_of(
+        ["fit", "--config", str(config), "--config", QUICKSTART, "--config", str(other)], capsys, monkeypatch
+    )
+    assert f"is a key of {config} or {other}, not of the command line" in err
 
 
 def test_a_config_file_that_does_not_parse_is_named(tmp_path: Path, capsys, monkeypatch) -> None:
