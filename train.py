@@ -46,6 +46,7 @@ from checkpoint_io import AtomicCheckpointIO
 from cli_names import SECTIONS, SUBCOMMANDS
 from cli_parser import ReadableErrorsParser, tidy_console
 from datamodule import ImageNetDataModule
+from image_loading import BadImageError
 from imagenet_module import ImageNetClassifier
 from run_logger import NewRunFolder, RunLogger
 
@@ -694,5 +695,18 @@ CLI_SETTINGS: dict[str, Any] = {
 }
 
 
+def bad_image_line(error: BadImageError) -> str:
+    """The error's one line (``bad image PATH: REASON (...)``): from a loader worker its message is the worker's whole
+    traceback, whose last line holds it."""
+    lines = [line for line in str(error).splitlines() if "bad image " in line]
+    line = lines[-1] if lines else str(error)
+    return line[line.index("bad image ") :] if "bad image " in line else line
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BadImageError as error:
+        # One line, exit 1: the traceback through Lightning's loops and the loader says nothing the message does not
+        # (a save at the step reached was said above it).
+        sys.exit(f"train.py: error: {bad_image_line(error)}")

@@ -990,3 +990,23 @@ def test_two_deterministic_runs_give_bitwise_identical_losses(shapes_root: Path,
             first_weights = weights
     assert len(losses[0]) == 5 and losses[0] == losses[1]  # the CSV holds the exact float reprs
     assert all(torch.equal(first_weights[k], weights[k]) for k in weights)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_bad_image_ends_python_train_py_with_one_error_line(
+    workers: int, shapes_root: Path, tmp_path: Path, tiny_args, run_train
+) -> None:
+    # Before: a 76-line traceback through Lightning's loops and the loader (a worker's, quoted, inside it).
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    bad = sorted((root / "train").rglob("*.JPEG"))
+    for path in bad:  # every training file: the first batch has one, whatever the order
+        path.write_bytes(b"not a JPEG")
+    args = tiny_args(root, tmp_path / "run", data__workers=workers, trainer__limit_val_batches=0)
+    result = run_train(["fit", *args], cwd=tmp_path, timeout=150)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"train\.py: error: bad image (.+\.JPEG): .+ \(remove or replace the file, .+\)", last), last
+    assert Path(re.match(r"train\.py: error: bad image (\S+):", last).group(1)) in bad
+    assert "Traceback" not in result.stderr
