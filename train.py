@@ -542,14 +542,18 @@ class ImageNetCLI(LightningCLI):
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": f"{self.subcommand}_config.yaml"}
         try:
             trainer = super().instantiate_trainer(**kwargs)
-        except (MisconfigurationException, ValueError) as error:
-            # Lightning's checks of the trainer's arguments (devices 0, an unknown strategy, max_epochs -5): its
-            # message names the argument; said as the parser's errors rather than at the end of a traceback. A
-            # ValueError from elsewhere (a plugin of the user's, an environment variable's parse) keeps its traceback.
+        except (MisconfigurationException, ValueError, TypeError) as error:
+            # Lightning's checks of the trainer's arguments (devices 0, an unknown strategy, max_epochs -5; devices -2
+            # on the CPU is a TypeError): its message names the argument; said as the parser's errors rather than at
+            # the end of a traceback. One from elsewhere (a plugin of the user's, an environment variable's parse)
+            # keeps its traceback.
             raised_in = traceback.extract_tb(error.__traceback__)[-1].filename
             if not isinstance(error, MisconfigurationException) and not _in_lightning(raised_in):
                 raise
-            self._refuse(f"trainer: {error}")
+            hint = ""
+            if re.search(r"\bdevices\b", str(error)):  # Lightning's message does not say what is valid
+                hint = " (trainer.devices: a count >= 1, -1 for every device, auto, or on GPUs a list like [0, 1])"
+            self._refuse(f"trainer: {error}{hint}")
         # Checkpoints are always written atomically and durably (checkpoint_io.py), unless a CheckpointIO plugin of
         # the user's own replaced Lightning's default.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:

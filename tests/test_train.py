@@ -675,8 +675,14 @@ def test_checks_of_the_configuration_are_said_as_the_parsers_errors(trained: dic
         ("profile.num_steps", "0", "error: profile.num_steps must be >= 1, got 0"),
         ("trainer.max_epochs", "-5", "error: trainer: `max_epochs` must be a non-negative integer or -1"),
         ("trainer.devices", "0", "error: trainer: `Trainer(devices='0')` value is not a valid input"),
+        # Lightning's TypeError on the CPU: a traceback before.
+        ("trainer.devices", "-2", "error: trainer: `devices` selected with `CPUAccelerator` should be an int > 0"),
     ]:
-        assert refused(["fit", *args, f"--{key}", value]).startswith(message), key
+        said = refused(["fit", *args, f"--{key}", value])
+        assert said.startswith(message), key
+        if key == "trainer.devices":  # Lightning's messages do not say what is valid
+            assert said.endswith("(trainer.devices: a count >= 1, -1 for every device, auto, or on GPUs a list like "
+                                 "[0, 1])"), said  # fmt: skip
     assert sorted((trained["run"] / "logs").glob("version_*")) == versions  # refused before any run folder
 
 
