@@ -81,24 +81,46 @@ class _OriginalParser(argparse.ArgumentParser):
     """argparse as the original used it; an error is one line that names train.py's compatibility mode and, for an
     unknown flag, the nearest of the original's flags or what replaces a relative's flag."""
 
+    _argv: list[str] = []
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
         hints = []
         if message.startswith("unrecognized arguments:"):
             options = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
-            for token in message.split(":", 1)[1].split():
+            left = message.split(":", 1)[1].split()
+            for token in left:
                 name = token.split("=", 1)[0]
                 if not name.startswith("-"):
                     continue
+                hint = ""
                 if name in FOREIGN_FLAGS:
-                    hints.append(f"{name}: {FOREIGN_FLAGS[name]}")
+                    hint = f"{name}: {FOREIGN_FLAGS[name]}"
                 elif close := difflib.get_close_matches(name.replace("_", "-"), options, n=1, cutoff=0.6):
-                    hints.append(f"{name}: did you mean {close[0]}?")
+                    hint = f"{name}: did you mean {close[0]}?"
+                value = self._value_after(token)
+                if value is not None and value not in left:
+                    # argparse left the unknown flag's value to the positional DIR: the real folder is "unrecognized".
+                    hint = f"{hint + ' ' if hint else f'{name}: '}its value {value} was read as DIR"
+                if hint:
+                    hints.append(hint)
         said = f"{message} ({'; '.join(hints)})" if hints else message
         self.exit(
             2,
             f"{self.prog}: error: {said}; train.py read this command line as apex main_amp.py's (`python train.py DIR "
             "-h` lists its flags, `python train.py fit --help` the app's own options)\n",
         )
+
+    def _value_after(self, token: str) -> str | None:
+        """The word after ``token`` on the command line when it is a value, not a flag (``--opt_level O1``)."""
+        if "=" in token or token not in self._argv:
+            return None
+        position = self._argv.index(token)
+        following = self._argv[position + 1] if position + 1 < len(self._argv) else None
+        return following if following is not None and not following.startswith("-") else None
 
 
 def _original_bool(value: str) -> str:

@@ -328,7 +328,14 @@ def test_channels_last_false_turns_it_on_as_in_the_original_and_says_so() -> Non
     [
         ("--dali_cpu ./", "--dali_cpu: there is no DALI here"),
         ("--fp16 ./", "--fp16: use --opt-level O1"),
-        ("--opt_level O1 ./", "--opt_level: did you mean --opt-level?"),
+        # O1 went to DIR, and ./ was the argument said to be unrecognized.
+        (
+            "--opt_level O1 ./",
+            "unrecognized arguments: --opt_level ./ (--opt_level: did you mean --opt-level? its "
+            "value O1 was read as DIR)",
+        ),
+        ("--bogus O1 ./", "unrecognized arguments: --bogus ./ (--bogus: its value O1 was read as DIR)"),
+        ("./ --bogus=O1", "unrecognized arguments: --bogus=O1;"),
         ("--sync-bn ./", "--sync-bn: did you mean --sync_bn?"),
     ],
 )
