@@ -611,9 +611,13 @@ class ImageNetClassifier(pl.LightningModule):
         )
         if every <= 0 or (step % every != 0 and not stopping):
             return
+        # Lightning writes step metrics on its log steps and when should_stop is set (its should_update_logs, after
+        # this hook); the row of a max_steps end is neither, and is written here, at the step Lightning would use.
+        epoch_loop = self.trainer.fit_loop.epoch_loop
+        lightning_writes = (epoch_loop._batches_that_stepped + 1) % every == 0 or self.trainer.should_stop
         # Named on the timeline: the step's range has closed (callbacks run first), and this is the interval's sync.
         with app_range(METRICS):
-            self._log_interval(step, batch_idx)
+            self._log_interval(step, batch_idx, write=not lightning_writes)
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -623,8 +627,9 @@ class ImageNetClassifier(pl.LightningModule):
             # Lightning runs after this hook) is not training.
             self._pause_clocks("epoch end")
 
-    def _log_interval(self, step: int, batch_idx: int) -> None:
-        """The interval's metrics, reduced over every rank (its one host sync), logged and printed; the sums reset."""
+    def _log_interval(self, step: int, batch_idx: int, write: bool = False) -> None:
+        """The interval's metrics, reduced over every rank (its one host sync), logged and printed; the sums reset.
+        ``write``: to the loggers now, at a step where Lightning would not write them."""
         totals = self._totals_over_ranks(self._sums[:3], self._interval_images)
         loss_sum, correct, correct5, count = totals.tolist()  # the interval's one host sync
         now = time.perf_counter()
@@ -633,16 +638,15 @@ class ImageNetClassifier(pl.LightningModule):
         assert self._job_start is not None
         job_time = (now - self._job_start[0]) / max(step - self._job_start[1], 1)
         count = max(count, 1)
-        self.log_dict(
-            {
-                "train_loss": loss_sum / count,
-                "train_acc1": correct / count,
-                "train_acc5": correct5 / count,
-                "train_img_s": batch / interval_time,
-            },
-            on_step=True,
-            on_epoch=False,
-        )
+        metrics = {
+            "train_loss": loss_sum / count,
+            "train_acc1": correct / count,
+            "train_acc5": correct5 / count,
+            "train_img_s": batch / interval_time,
+        }
+        self.log_dict(metrics, on_step=True, on_epoch=False)
+        if write:
+            self.trainer._logger_connector.log_metrics(metrics)
         # The original's print_freq line (apex main_amp.py), reduced over all ranks, printed by rank 0.
         rank_zero_info(
             f"Epoch: [{self.current_epoch}][{batch_idx + 1}/{self.trainer.num_training_batches}]\t"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import math
 import re
 import warnings
@@ -736,16 +737,21 @@ def test_the_interval_speed_leaves_out_validation_and_the_epoch_end(monkeypatch:
 
 
 @pytest.mark.parametrize(("max_steps", "steps"), [(5, [2, 4, 5]), (4, [2, 4]), (-1, [2, 4, 6, 8])])
-def test_the_steps_after_the_last_logged_one_are_logged_when_max_steps_ends_the_fit(max_steps, steps) -> None:
-    # Reaching max_steps sets no trainer.should_stop: step 5's interval (step 5 alone) went unlogged.
+def test_the_steps_after_the_last_logged_one_are_logged_when_max_steps_ends_the_fit(
+    max_steps: int, steps: list[int], tmp_path: Path
+) -> None:
+    # Reaching max_steps sets no trainer.should_stop, and Lightning writes step metrics only on its log steps and at
+    # a should_stop: step 5's interval (step 5 alone) was never in metrics.csv.
     model = ImageNetClassifier(arch="resnet18", num_classes=4, batch_size=2, warmup_epochs=0)
-    logged: list[int] = []
-    model.log_dict = lambda metrics, **_: logged.append(model.global_step)
     data = DataLoader(TensorDataset(torch.randn(16, 3, 8, 8), torch.tensor([0, 1, 2, 3] * 4)), batch_size=2)
+    quiet = {k: v for k, v in QUIET.items() if k != "logger"}
+    logger = pl.loggers.CSVLogger(tmp_path, name="", version="")
     trainer = pl.Trainer(accelerator="cpu", max_epochs=1, max_steps=max_steps, log_every_n_steps=2,
-                         limit_val_batches=0, **QUIET)  # fmt: skip
+                         limit_val_batches=0, logger=logger, **quiet)  # fmt: skip
     trainer.fit(model, data)
-    assert logged == steps
+    with open(tmp_path / "metrics.csv", newline="") as file:
+        rows = [row for row in csv.DictReader(file) if row["train_loss"]]
+    assert [int(row["step"]) + 1 for row in rows] == steps  # Lightning's step column: the steps done before
 
 
 def test_the_interval_speed_counts_every_micro_batch_and_the_print_line_says_the_logged_figures(
