@@ -102,9 +102,10 @@ class _OriginalParser(argparse.ArgumentParser):
                 elif close := difflib.get_close_matches(name.replace("_", "-"), options, n=1, cutoff=0.6):
                     hint = f"{name}: did you mean {close[0]}?"
                 value = self._value_after(token)
-                if value is not None and value not in left:
-                    # argparse left the unknown flag's value to the positional DIR: the real folder is "unrecognized".
-                    hint = f"{hint + ' ' if hint else f'{name}: '}its value {value} was read as DIR"
+                if value is not None and value not in left and any(not word.startswith("-") for word in left):
+                    # argparse gave the unknown flag's value to the positional DIR, and the real folder was left over
+                    # (a flag that takes no value, --fp16 ./data, leaves nothing over: DIR is right there).
+                    hint = f"{hint + '; ' if hint else f'{name}: '}its value {value} was read as DIR"
                 if hint:
                     hints.append(hint)
         said = f"{message} ({'; '.join(hints)})" if hints else message

@@ -159,8 +159,8 @@ class BadImagePolicy(Dataset):
             return image, target, tuple(bad[:1])
         listed = "; ".join(f"{path}: {reason}" for path, reason in bad)
         raise BadImageError(
-            f"{len(bad)} bad images in a row from index {index} on ({listed}); with data.on_bad_image: skip at most "
-            f"{self.max_consecutive} consecutive bad files are replaced: check the dataset and the storage",
+            f"{len(bad)} bad images in a row from index {int(index)} on ({listed}); with data.on_bad_image: skip at "
+            f"most {self.max_consecutive} consecutive bad files are replaced: check the dataset and the storage",
             path=bad[0][0] if bad else None,
             reason="too many consecutive bad images",
         )

@@ -552,7 +552,11 @@ class ImageNetCLI(LightningCLI):
                 raise
             hint = ""
             if re.search(r"\bdevices\b", str(error)):  # Lightning's message does not say what is valid
-                hint = " (trainer.devices: a count >= 1, -1 for every device, auto, or on GPUs a list like [0, 1])"
+                on_cpu = re.search(r"\bcpu\b|CPUAccelerator", str(error), re.IGNORECASE)
+                valid = (
+                    "a count >= 1 or auto" if on_cpu else "a count >= 1, -1 for every GPU, a list like [0, 1], or auto"
+                )
+                hint = f" (trainer.devices: {valid})"
             self._refuse(f"trainer: {error}{hint}")
         # Checkpoints are always written atomically and durably (checkpoint_io.py), unless a CheckpointIO plugin of
         # the user's own replaced Lightning's default.
@@ -700,11 +704,11 @@ CLI_SETTINGS: dict[str, Any] = {
 
 
 def bad_image_line(error: BadImageError) -> str:
-    """The error's one line (``bad image PATH: REASON (...)``): from a loader worker its message is the worker's whole
-    traceback, whose last line holds it."""
-    lines = [line for line in str(error).splitlines() if "bad image " in line]
-    line = lines[-1] if lines else str(error)
-    return line[line.index("bad image ") :] if "bad image " in line else line
+    """The error's message as one line: from a loader worker the message is the worker's whole traceback, whose last
+    line holds it after ``BadImageError: ``."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    quoted = [line.split("BadImageError: ", 1)[1] for line in lines if "BadImageError: " in line]
+    return quoted[-1] if quoted else " ".join(lines)
 
 
 if __name__ == "__main__":

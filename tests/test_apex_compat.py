@@ -331,8 +331,14 @@ def test_channels_last_false_turns_it_on_as_in_the_original_and_says_so() -> Non
         # O1 went to DIR, and ./ was the argument said to be unrecognized.
         (
             "--opt_level O1 ./",
-            "unrecognized arguments: --opt_level ./ (--opt_level: did you mean --opt-level? its "
+            "unrecognized arguments: --opt_level ./ (--opt_level: did you mean --opt-level?; its "
             "value O1 was read as DIR)",
+        ),
+        # A flag without a value before DIR: DIR is right, nothing is said of it.
+        (
+            "-a resnet18 --fp16 ./data",
+            "unrecognized arguments: --fp16 (--fp16: use --opt-level O1 (float16 mixed precision with dynamic loss "
+            "scaling)); train.py read",
         ),
         ("--bogus O1 ./", "unrecognized arguments: --bogus ./ (--bogus: its value O1 was read as DIR)"),
         ("./ --bogus=O1", "unrecognized arguments: --bogus=O1;"),
