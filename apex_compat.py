@@ -613,10 +613,13 @@ def translate_full(argv: Sequence[str], environ: Mapping[str, str] | None = None
         "epochs": ("--trainer.max_epochs", str(args.epochs)),
         "print_freq": ("--trainer.log_every_n_steps", str(args.print_freq)),
     }
-    if _source_set(config_args, passthrough) == "synthetic":
+    synthetic = _source_set(config_args, passthrough) == "synthetic"
+    if synthetic:
         # DIR is required by main_amp.py's syntax, and the synthetic source reads no folder: passed on, it would only
-        # be warned about as an option without effect.
+        # be warned about as an option without effect (so would -j's default: no loader workers either).
         notes.append(f"DIR {args.data} is not read: data.source synthetic trains on a fixed batch on the device")
+        if "workers" not in _typed_flags(original):
+            values.pop("workers")
     else:
         out += ["--data.root", args.data]
     for dest, (key, value) in values.items():

@@ -285,7 +285,9 @@ def test_dir_is_not_passed_to_a_synthetic_source(tmp_path: Path) -> None:
     assert "--data.root" not in options(argv) and options(argv)["--model.arch"] == "resnet18"
     assert "DIR /data/in is not read: data.source synthetic trains on a fixed batch on the device" in notes
     argv, _ = apex_compat.translate(["/data/in", "--data.source", "synthetic"], {})
-    assert "--data.root" not in options(argv)
+    assert "--data.root" not in options(argv) and "--data.workers" not in options(argv)  # nor -j's default
+    argv, _ = apex_compat.translate(["-j", "2", "/data/in", "--data.source", "synthetic"], {})
+    assert options(argv)["--data.workers"] == "2"  # typed: passed on (and warned about)
     # The line's --data.source over the file's, and the last file's over an earlier one's.
     argv, _ = apex_compat.translate(["/data/in", f"--config={synthetic}", "--data.source", "folder"], {})
     assert options(argv)["--data.root"] == "/data/in"
