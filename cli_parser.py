@@ -116,9 +116,11 @@ def _suggestion(message: str, parser: Any, given: list[str], cwd: str) -> str:
     close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)
     hint = f"; did you mean --{close[0]}?" if close else ""
     if found.re is _NOT_ACCEPTED and f"--{name}" not in given:
-        # The files that hold the key; all of them when none does by its dotted path (a config named in a config).
-        configs = [path for path, content, _ in _config_files(given, cwd) if _holds_key(content, name.split("."))]
-        configs = configs or option_values(given, ("--config", "-c"))
+        # The files that hold the key; else those that name another config (it may be there); else none: the key
+        # came from elsewhere (a section's own file, --data FILE).
+        files = list(_config_files(given, cwd))
+        configs = [path for path, content, _ in files if _holds_key(content, name.split("."))]
+        configs = configs or [path for path, content, _ in files if _holds_key(content, ["config"])]
         if configs:
             hint += f" ('{name}' is a key of {' or '.join(configs)}, not of the command line)"
     return hint

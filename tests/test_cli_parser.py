@@ -116,6 +116,16 @@ def test_a_config_files_unknown_key_names_the_files(tmp_path: Path, capsys, monk
         ["fit", "--config", str(config), "--config", QUICKSTART, "--config", str(other)], capsys, monkeypatch
     )
     assert f"is a key of {config} or {other}, not of the command line" in err
+    # From a section's own file: no config file is blamed.
+    section = tmp_path / "data.yaml"
+    section.write_text("workerz: 0\n")
+    err = error_of(["fit", "--config", QUICKSTART, "--data", str(section)], capsys, monkeypatch)
+    assert "does not accept option 'data.workerz'" in err and "is a key of" not in err
+    # Named in a config of a config: the file that names it.
+    outer = tmp_path / "outer.yaml"
+    outer.write_text(f"config: {config}\n")
+    err = error_of(["fit", "--config", QUICKSTART, "--config", str(outer)], capsys, monkeypatch)
+    assert f"is a key of {outer}, not of the command line" in err
 
 
 def test_a_config_file_that_does_not_parse_is_named(tmp_path: Path, capsys, monkeypatch) -> None:
