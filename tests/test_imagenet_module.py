@@ -828,7 +828,7 @@ def test_a_resume_from_an_epochs_last_batch_does_not_carry_that_epochs_loss_on(t
     assert "train_epoch_loss" not in torch.load(tmp_path / "last.ckpt", weights_only=False)
     resumed = linear_classifier()
     counted: list[int] = []
-    resumed.log = lambda name, value, **_: counted.append(resumed._epoch_images)
+    resumed.log = lambda name, value, **_: name == "train_loss_epoch" and counted.append(resumed._epoch_images)
     trainer = pl.Trainer(accelerator="cpu", max_steps=8, **quiet)
     trainer.fit(resumed, random_loader(4), ckpt_path=str(tmp_path / "last.ckpt"))
     assert sum(counted) == 4 * 6  # the resumed run's 4 batches of 6 images (before: 30, epoch 0's 24 taken up again)
