@@ -375,3 +375,31 @@ def test_a_bad_image_saves_nothing_where_there_is_nothing_new_to_resume(
         assert torch.load(last, weights_only=False, map_location="cpu")["global_step"] == saves[-1]
     else:
         assert not last.exists()
+
+
+class _RaiseAtBatch(Callback):
+    """Raises at the start of batch ``batch_idx``: a fit that ends inside an accumulated step."""
+
+    def __init__(self, batch_idx: int) -> None:
+        self.batch_idx = batch_idx
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: object, batch: object, idx: int) -> None:
+        if idx == self.batch_idx:
+            raise RuntimeError("the fit ends here")
+
+
+def test_a_stop_held_by_a_fit_that_ended_does_not_stop_the_next_fit(tmp_path: Path) -> None:
+    # A stop asked for inside an accumulated step is held until the step's end; the fit that held it ended before
+    # (an error in the step's second half). The same callback in the next fit (a notebook's second trainer.fit) must
+    # not take that stop for its own first step's.
+    last = ResumableCheckpoint(dirpath=tmp_path, filename="last", monitor=None, enable_version_counter=False)
+    options = {"accelerator": "cpu", "limit_train_batches": 8, "limit_val_batches": 0, "accumulate_grad_batches": 2,
+               "max_epochs": 1, "logger": False, "enable_progress_bar": False,
+               "enable_model_summary": False}  # fmt: skip
+    first = pl.Trainer(callbacks=[last, _StopAtBatch(4), _RaiseAtBatch(5)], **options)
+    with pytest.raises(RuntimeError, match="the fit ends here"):
+        first.fit(BoringModel())
+    assert first.global_step == 2 and not first.should_stop  # the stop held, waiting for step 3's end
+    second = pl.Trainer(callbacks=[last], **options)
+    second.fit(BoringModel())
+    assert second.global_step == 4  # the whole epoch, not one step
