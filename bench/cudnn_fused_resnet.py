@@ -35,6 +35,7 @@ import time
 import torch
 import torch.nn.functional as F
 import torchvision
+from cudnn_fusion_probe import affine, finish, import_frontend  # bench/, the script's own folder
 from torch import Tensor, nn
 
 CL = torch.channels_last
@@ -57,18 +58,13 @@ def _build_graph(x: Tensor, w: Tensor, scale: Tensor, y: Tensor, sums: Tensor, s
     conv_in = named["x"]
     if prologue:
         named["s"], named["b"] = tensor("S", scale), tensor("B", scale)
-        scaled = g.scale(name="scale", input=conv_in, scale=named["s"])
-        conv_in = g.relu(name="relu", input=g.bias(name="bias", input=scaled, bias=named["b"]))
+        conv_in = g.relu(name="relu", input=affine(g, conv_in, named["s"], named["b"]))
     out = g.conv_fprop(image=conv_in, weight=named["w"], padding=[padding] * 2, stride=[stride] * 2,
                        dilation=[1, 1], name="conv")  # fmt: skip
     named["y"] = out.set_output(True).set_dim(list(y.shape)).set_stride(list(y.stride())).set_data_type(io)
     for key, t in zip(("sum", "sq"), g.genstats(name="genstats", input=out), strict=True):
         named[key] = t.set_output(True).set_dim(list(sums.shape)).set_stride(list(sums.stride())).set_data_type(f32)
-    g.validate()
-    g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    g.check_support()
-    g.build_plans()
+    finish(cudnn, g, autotune=False)
     return g, named, g.get_workspace_size()
 
 
@@ -316,15 +312,8 @@ def main() -> int:
     args = ap.parse_args()
     if not args.models or any(m.strip() not in ("torchvision", "fused") for m in args.models.split(",")):
         ap.error(f"--models {args.models!r}: give torchvision, fused or torchvision,fused")
-    if not torch.cuda.is_available():
-        print("cudnn_fused_resnet: needs a CUDA GPU (torch.cuda.is_available() is False); nothing to measure.")
-        return 2
-    if args.fe_path:
-        sys.path.insert(0, args.fe_path)
-    try:
-        import cudnn  # after torch: the frontend dlopens the libcudnn torch loaded
-    except Exception as error:  # noqa: BLE001
-        print(f"cudnn_fused_resnet: cannot import the cuDNN frontend ({type(error).__name__}: {error}); --fe-path DIR")
+    cudnn = import_frontend("cudnn_fused_resnet", args.fe_path)
+    if cudnn is None:
         return 2
     _FE["cudnn"], _FE["handle"] = cudnn, cudnn.create_handle()
     torch.backends.cudnn.benchmark = True

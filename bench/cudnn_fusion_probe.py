@@ -413,6 +413,25 @@ def fmt(t):
     return f"{t[0]:8.3f}" if t else "     n/a"
 
 
+def import_frontend(script, fe_path):
+    """The cuDNN frontend module (from ``fe_path`` first when given), or None after saying why ``script`` cannot run:
+    no CUDA GPU, or no frontend to import."""
+    if not torch.cuda.is_available():
+        print(f"{script}: needs a CUDA GPU (torch.cuda.is_available() is False); nothing to measure.")
+        return None
+    if fe_path:
+        sys.path.insert(0, fe_path)
+    try:
+        import cudnn  # after torch, so the frontend dlopens the libcudnn torch already loaded
+    except Exception as e:  # noqa: BLE001
+        print(
+            f"{script}: cannot import the cuDNN frontend ({type(e).__name__}: {e}).\n"
+            "  install: pip install --no-deps nvidia_cudnn_frontend-1.32.0-cp312-*.whl (or --fe-path DIR)"
+        )
+        return None
+    return cudnn
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=256)
@@ -434,18 +453,8 @@ def main():
     ap.add_argument("--fe-path", default=None, help="directory holding the cudnn frontend package (pip --target)")
     args = ap.parse_args()
 
-    if not torch.cuda.is_available():
-        print("cudnn_fusion_probe: needs a CUDA GPU (torch.cuda.is_available() is False); nothing to measure.")
-        return 2
-    if args.fe_path:
-        sys.path.insert(0, args.fe_path)
-    try:
-        import cudnn  # after torch, so the frontend dlopens the libcudnn torch already loaded
-    except Exception as e:  # noqa: BLE001
-        print(
-            f"cudnn_fusion_probe: cannot import the cuDNN frontend ({type(e).__name__}: {e}).\n"
-            "  install: pip install --no-deps nvidia_cudnn_frontend-1.32.0-cp312-*.whl (or --fe-path DIR)"
-        )
+    cudnn = import_frontend("cudnn_fusion_probe", args.fe_path)
+    if cudnn is None:
         return 2
 
     dtypes = {"bf16": (torch.bfloat16, cudnn.data_type.BFLOAT16), "fp16": (torch.float16, cudnn.data_type.HALF)}
