@@ -272,6 +272,24 @@ def test_a_bad_image_saves_the_step_it_stopped_at_and_the_fixed_run_goes_on_from
     assert cli.trainer.global_step == steps_per_epoch and BatchCount.batches == steps_per_epoch - reached
 
 
+def _copy_with_a_bad_file_in_batch(shapes_root: Path, tmp_path: Path, batch: int, batch_size: int) -> tuple[Path, Path]:
+    """A copy of the shapes dataset under ``tmp_path/data`` whose file 5 of training batch ``batch`` (epoch 0, the data
+    seed's (0) order, one rank) is corrupt: (the copy, that file)."""
+    import shutil
+
+    from datamodule import TrainSampler
+    from image_folder import VisibleImageFolder
+
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    files = [path for path, _ in VisibleImageFolder(str(root / "train")).samples]
+    order = TrainSampler(files, 1, 0, seed=0, batch_size=batch_size)
+    order.set_epoch(0)
+    victim = Path(files[list(order)[batch_size * batch + 5]])
+    victim.write_bytes(b"not a JPEG")
+    return root, victim
+
+
 @pytest.mark.parametrize(("bad_batch", "saved_step"), [(3, None), (4, 2)])
 def test_a_bad_image_inside_an_accumulated_step_saves_nothing(
     shapes_root, tmp_path, tiny_args, monkeypatch, bad_batch, saved_step
@@ -279,21 +297,12 @@ def test_a_bad_image_inside_an_accumulated_step_saves_nothing(
     """Batches of 2 accumulated: a bad file in batch 3 stops the fit after batch 2, the first half of step 1, whose
     gradients a save would lose (a resume would redo the step from batch 3 alone); in batch 4 it stops at the end of
     step 1, which is saved as global step 2."""
-    import shutil
     import sys
 
     import train
-    from datamodule import TrainSampler
-    from image_folder import VisibleImageFolder
     from image_loading import BadImageError
 
-    root = tmp_path / "data"
-    shutil.copytree(shapes_root, root)
-    files = [path for path, _ in VisibleImageFolder(str(root / "train")).samples]
-    order = TrainSampler(files, 1, 0, seed=0, batch_size=16)
-    order.set_epoch(0)
-    victim = Path(files[list(order)[16 * bad_batch + 5]])  # the data seed's (0) order of epoch 0
-    victim.write_bytes(b"not a JPEG")
+    root, victim = _copy_with_a_bad_file_in_batch(shapes_root, tmp_path, bad_batch, batch_size=16)
     monkeypatch.setattr(sys, "argv", [str(Path(train.__file__))])
     job = tiny_args(root, tmp_path, trainer__limit_val_batches=0, last_checkpoint__dirpath=tmp_path / "ckpt",
                     trainer__accumulate_grad_batches=2, trainer__max_steps=7)  # fmt: skip
@@ -345,21 +354,12 @@ def test_a_bad_image_saves_nothing_where_there_is_nothing_new_to_resume(
     """A bad file in the first batch stops the fit at step 0, with nothing trained: no step-0 last.ckpt, there is
     nothing to resume from. One in batch 2, right after last_checkpoint saved step 2 (every 2 steps): that file is
     the state the fit stopped at, and is not written a second time."""
-    import shutil
     import sys
 
     import train
-    from datamodule import TrainSampler
-    from image_folder import VisibleImageFolder
     from image_loading import BadImageError
 
-    root = tmp_path / "data"
-    shutil.copytree(shapes_root, root)
-    files = [path for path, _ in VisibleImageFolder(str(root / "train")).samples]
-    order = TrainSampler(files, 1, 0, seed=0, batch_size=8)
-    order.set_epoch(0)
-    victim = Path(files[list(order)[8 * bad_batch + 5]])  # the data seed's (0) order of epoch 0
-    victim.write_bytes(b"not a JPEG")
+    root, victim = _copy_with_a_bad_file_in_batch(shapes_root, tmp_path, bad_batch, batch_size=8)
     monkeypatch.setattr(sys, "argv", [str(Path(train.__file__))])
     job = tiny_args(root, tmp_path, data__batch_size=8, trainer__limit_val_batches=0,
                     last_checkpoint__dirpath=tmp_path / "ckpt",
