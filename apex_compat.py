@@ -33,11 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
-
 import legacy_checkpoint
 from cli_names import LIGHTNING_SUBCOMMANDS, SECTIONS, SUBCOMMANDS
-from cli_parser import option_values
+from cli_parser import config_files, holds_key, option_values
 
 #: First arguments that belong to train.py's own command line.
 _CLI_FIRST = ("--config", "-c", "--help", "-h", "--print_config", "--version")
@@ -575,16 +573,9 @@ def _source_set(config_args: Sequence[str], passthrough: Sequence[str]) -> str |
     (``None``: neither does; a file that cannot be read is left to the parser, which names it)."""
     if typed := option_values(passthrough, ("--data.source",)):
         return typed[-1]
-    source = None
-    for path in option_values(config_args, ("--config", "-c")):
-        try:
-            content = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError):
-            continue
-        data = content.get("data") if isinstance(content, dict) else None
-        if isinstance(data, dict) and "source" in data:
-            source = data["source"]
-    return source
+    sources = [content["data"]["source"] for _, content, _ in config_files(list(config_args), os.getcwd())
+               if holds_key(content, ["data", "source"])]  # fmt: skip
+    return sources[-1] if sources else None
 
 
 def translate_full(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Translation:

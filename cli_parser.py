@@ -118,15 +118,16 @@ def _suggestion(message: str, parser: Any, given: list[str], cwd: str) -> str:
     if found.re is _NOT_ACCEPTED and f"--{name}" not in given:
         # The files that hold the key; else those that name another config (it may be there); else none: the key
         # came from elsewhere (a section's own file, --data FILE).
-        files = list(_config_files(given, cwd))
-        configs = [path for path, content, _ in files if _holds_key(content, name.split("."))]
-        configs = configs or [path for path, content, _ in files if _holds_key(content, ["config"])]
+        files = list(config_files(given, cwd))
+        configs = [path for path, content, _ in files if holds_key(content, name.split("."))]
+        configs = configs or [path for path, content, _ in files if holds_key(content, ["config"])]
         if configs:
             hint += f" ('{name}' is a key of {' or '.join(configs)}, not of the command line)"
     return hint
 
 
-def _holds_key(content: Any, parts: list[str]) -> bool:
+def holds_key(content: Any, parts: list[str]) -> bool:
+    """Whether a config file's YAML ``content`` has the dotted key ``parts`` (``["data", "source"]``)."""
     for part in parts:
         if not isinstance(content, dict) or part not in content:
             return False
@@ -134,7 +135,7 @@ def _holds_key(content: Any, parts: list[str]) -> bool:
     return True
 
 
-def _config_files(given: list[str], cwd: str) -> Iterator[tuple[str, Any, yaml.YAMLError | None]]:
+def config_files(given: list[str], cwd: str) -> Iterator[tuple[str, Any, yaml.YAMLError | None]]:
     """Each ``--config`` file of ``given`` that can be read (from ``cwd``, where the command line's relative paths
     start): its path as given, its YAML content, and the YAML error that stops it from parsing (then no content)."""
     for path in option_values(given, ("--config", "-c")):
@@ -152,7 +153,7 @@ def _name_the_config_file(message: str, given: list[str], cwd: str) -> str:
     """A YAML syntax error says ``in "<unicode string>", line 2``: the ``--config`` file that does not parse instead."""
     if '"<unicode string>"' not in message:
         return message
-    for path, _, error in _config_files(given, cwd):
+    for path, _, error in config_files(given, cwd):
         if error is not None:
             return message.replace('"<unicode string>"', path)
     return message
@@ -163,7 +164,7 @@ def _name_the_file_that_is_no_mapping(message: str, given: list[str], cwd: str) 
     the file and what it holds instead."""
     if not message.startswith("Unexpected config"):
         return message
-    for path, content, error in _config_files(given, cwd):
+    for path, content, error in config_files(given, cwd):
         if error is None and not isinstance(content, dict):
             holds = "nothing" if content is None else f"a {type(content).__name__}"
             return f"--config {path} holds {holds}, not keys (e.g. 'trainer:' with 'max_epochs: 90' under it)"
