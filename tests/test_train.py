@@ -719,37 +719,6 @@ def test_ckpt_path_last_on_a_file_cut_short_is_refused_in_a_line(
     assert said.startswith(f"error: --ckpt_path {tmp_path / 'ckpts' / 'last.ckpt'} cannot be read: it is cut short")
 
 
-def test_only_lightnings_data_setup_checks_become_one_line_errors() -> None:
-    """A Lightning error during training keeps its traceback, even when it names a Trainer argument in backquotes."""
-    from torch.utils.data import DataLoader, TensorDataset
-
-    class Linear(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 2)
-
-        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
-            return self.layer(batch[0]).sum()
-
-        def configure_optimizers(self):  # noqa: ANN201
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2)
-    quiet = {"accelerator": "cpu", "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
-             "enable_model_summary": False}  # fmt: skip
-
-    class LogsInFitStart(Linear):
-        def on_fit_start(self) -> None:
-            self.log("x", 1.0)  # Lightning: "You can't `self.log()` inside `on_fit_start`"
-
-    with pytest.raises(Exception) as during_training:
-        pl.Trainer(max_steps=1, **quiet).fit(LogsInFitStart(), loader)
-    assert "`" in str(during_training.value) and train._trainer_option_named_by(during_training.value) is None
-    with pytest.raises(ValueError) as at_setup:
-        pl.Trainer(max_steps=1, val_check_interval=1000, **quiet).fit(Linear(), loader, loader)
-    assert train._trainer_option_named_by(at_setup.value) == "val_check_interval"
-
-
 def test_a_stop_between_log_steps_logs_the_interval_it_cuts_short(
     shapes_root: Path, tmp_path: Path, tiny_args, main
 ) -> None:
