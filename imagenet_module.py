@@ -27,6 +27,7 @@ from typing_extensions import override  # a dependency (pyproject.toml); Lightni
 from bad_image_policy import IGNORED_TARGET
 from callbacks.ranges import METRICS, app_range
 from callbacks.resumable_checkpoint import inside_the_epoch, resume_at_the_next_epoch
+from epoch_steps import optimizer_steps_per_epoch
 from torchvision_models import build_model
 
 #: Trainer precisions that run through Lightning's MixedPrecision plugin (autocast; GradScaler for 16-mixed).
@@ -359,7 +360,7 @@ class ImageNetClassifier(pl.LightningModule):
                 "the training data has no batch an epoch; the LR schedule (warmup, milestones) is in epochs of "
                 "training steps: give a training loader of at least one batch"
             )
-        return max(1, math.ceil(batches / trainer.accumulate_grad_batches))
+        return optimizer_steps_per_epoch(batches, trainer.accumulate_grad_batches)
 
     @override
     def configure_optimizers(self) -> Any:
