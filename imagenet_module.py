@@ -26,7 +26,8 @@ from typing_extensions import override  # a dependency (pyproject.toml); Lightni
 
 from bad_image_policy import IGNORED_TARGET
 from callbacks.ranges import METRICS, app_range
-from callbacks.resumable_checkpoint import inside_the_epoch
+from callbacks.resumable_checkpoint import inside_the_epoch, resume_at_the_next_epoch
+from epoch_steps import optimizer_steps_per_epoch
 from torchvision_models import build_model
 
 #: Trainer precisions that run through Lightning's MixedPrecision plugin (autocast; GradScaler for 16-mixed).
@@ -258,6 +259,10 @@ class ImageNetClassifier(pl.LightningModule):
         self._refuse_other_class_names(checkpoint.get("class_names"), path)
         self._saved_steps_per_epoch = checkpoint.get("lr_schedule_units", {}).get("steps_per_epoch")
         self._saved_epoch_loss = checkpoint.get("train_epoch_loss")
+        # Before Lightning restores its loops from the checkpoint: one saved at an epoch's end resumes at the next
+        # epoch's start, also with trainer.max_steps, where Lightning ran the finished epoch's loop and end again (an
+        # extra batch, train_loss_epoch logged twice, the epoch counted twice; callbacks/resumable_checkpoint.py, 7.).
+        resume_at_the_next_epoch(checkpoint)
 
     def _refuse_other_class_names(self, saved: list[str] | None, path: str) -> None:
         """The same count of classes under other names (a folder renamed, added or left out) moves the labels: an
@@ -294,7 +299,7 @@ class ImageNetClassifier(pl.LightningModule):
         # The epoch's loss so far, for train_loss_epoch after a resume inside the epoch (one small copy to the host, at
         # a checkpoint only). Under DDP rank 0 writes the file: every rank resumes with rank 0's share, an estimate of
         # its own; on one device the resumed epoch logs the uninterrupted run's mean. Not after the epoch's last batch:
-        # the resumed run starts the next epoch, with Lightning's current_epoch not always moved on yet (max_steps).
+        # the resumed run starts the next epoch, its loss from zero.
         trainer = self._trainer
         if trainer is not None and trainer.state.fn == "fit" and inside_the_epoch(trainer):
             checkpoint["train_epoch_loss"] = {
@@ -355,7 +360,7 @@ class ImageNetClassifier(pl.LightningModule):
                 "the training data has no batch an epoch; the LR schedule (warmup, milestones) is in epochs of "
                 "training steps: give a training loader of at least one batch"
             )
-        return max(1, math.ceil(batches / trainer.accumulate_grad_batches))
+        return optimizer_steps_per_epoch(batches, trainer.accumulate_grad_batches)
 
     @override
     def configure_optimizers(self) -> Any:
@@ -534,8 +539,8 @@ class ImageNetClassifier(pl.LightningModule):
         saved, self._saved_epoch_loss = self._saved_epoch_loss, None
         if saved is not None and saved.get("epoch") == self.current_epoch:
             # A resume inside the epoch the checkpoint was saved in (Lightning then skips on_train_epoch_start):
-            # train_loss_epoch goes on from the loss of the steps before it. After a checkpoint of an epoch's last
-            # batch the run starts the next epoch, and its sums start at zero.
+            # train_loss_epoch goes on from the loss of the steps before it. A checkpoint at or after an epoch's last
+            # batch holds none (on_save_checkpoint): the run starts the next epoch, and its sums start at zero.
             self._sums[3] = float(saved["sum"])
             self._epoch_images = int(saved["images"])
         if not self._map_schedule_at_first_batch:

@@ -47,7 +47,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import math
 import os
 import time
 import warnings
@@ -60,6 +59,7 @@ import torch
 
 from atomic_files import atomic_torch_save
 from cli_names import LIGHTNING_SUBCOMMANDS
+from epoch_steps import optimizer_steps_per_epoch
 
 #: Key of the conversion record inside a converted checkpoint.
 RECORD_KEY = "apex_main_amp"
@@ -324,8 +324,7 @@ def _advance_scheduler(scheduler: Any, steps: int) -> None:
 
 def _set_fit_counters(trainer: Any, epoch: int, batches_per_epoch: int, scheduler_steps: int) -> int:
     """Sets the fit loop's progress to "``epoch`` epochs finished, the next not started"; returns the global step."""
-    accumulate = trainer.accumulate_grad_batches
-    steps = epoch * math.ceil(batches_per_epoch / accumulate)  # Lightning also steps on an epoch's last batch
+    steps = epoch * optimizer_steps_per_epoch(batches_per_epoch, trainer.accumulate_grad_batches)
     batches = epoch * batches_per_epoch
     fit = trainer.fit_loop
     for tracker in (fit.epoch_progress.total, fit.epoch_progress.current):
@@ -391,7 +390,7 @@ def build_checkpoint(legacy: LegacyCheckpoint, model: Any, datamodule: Any, trai
     if legacy.optimizer is not None:
         _load_optimizer_state(optimizers[0], legacy)
 
-    steps_per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
+    steps_per_epoch = optimizer_steps_per_epoch(batches, trainer.accumulate_grad_batches)
     scheduler_steps = 0
     for config in scheduler_configs:
         done = legacy.epoch * steps_per_epoch if config.interval == "step" else legacy.epoch

@@ -55,6 +55,7 @@ from typing_extensions import override  # a dependency (pyproject.toml); Lightni
 from callbacks.ranges import CHECKPOINT, EPOCH_END, EPOCH_START, VALIDATION, RangeStack
 from callbacks.step_timer import StepTimer
 from checkpoint_io import why_unwritable
+from epoch_steps import optimizer_steps_per_epoch
 
 #: Lightning's console logger (INFO is shown), for what a rank other than 0 says.
 _log = logging.getLogger("pytorch_lightning.profile")
@@ -663,7 +664,7 @@ def _minimum_past(trainer: pl.Trainer, end: int) -> str | None:
     min_epochs = getattr(trainer, "min_epochs", None) or 0
     batches = getattr(trainer, "num_training_batches", math.inf)
     if min_epochs and 0 < batches < math.inf:
-        steps_per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
+        steps_per_epoch = optimizer_steps_per_epoch(batches, trainer.accumulate_grad_batches)
         epoch = (end - 1) // steps_per_epoch
         if epoch < min_epochs:
             return (

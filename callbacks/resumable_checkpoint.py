@@ -46,6 +46,23 @@ Both are no-ops in a run that was not resumed.
    agree to stop, and the run exits once Lightning has logged that step (callbacks/preemption.py); a save of either
    checkpoint at that step (``every_n_train_steps`` due, or the step ``max_steps`` or a window's ``exit_after`` ends
    the fit at) would only spend the grace period on a second copy.
+
+7. **An epoch-end checkpoint resumes at the next epoch's start, also with ``trainer.max_steps``.** Checkpoints saved at
+   an epoch's end (``on_train_epoch_end``) hold the fit loop's epoch progress at ``ready == started == processed ==
+   completed + 1`` (the end begun, not finished), the batch progress at the epoch's last batch. Resumed without
+   ``max_steps``, Lightning takes that for a finished epoch and starts the next one. With ``max_steps`` set,
+   ``_FitLoop.restarting`` is on for every step-based run (``... or self._iteration_based_training()``) and the same
+   state reads "restarted on epoch end": Lightning runs the finished epoch's loop again, without
+   ``on_train_epoch_start``, and ends that epoch a second time. Without validation its epoch loop waits for a
+   validation that never comes and trains one more batch in the finished epoch (``batch_idx`` = the epoch's length,
+   the loader's first batch again); with validation it trains none. Either way the second end runs every
+   ``on_train_epoch_end`` hook (``train_loss_epoch`` logged again over the 0 or 1 batch the resumed run saw by then,
+   the checkpoints saved again) and counts the epoch processed twice: from there on ``processed`` is one ahead of
+   ``completed``, so samplers get the wrong epoch (``set_epoch``) and a ``max_epochs`` given with ``max_steps`` ends
+   the fit an epoch early (resumed from the first epoch's end with ``max_epochs`` 2, it trained no epoch of its own).
+   Lightning issue #19617 is one case of it. :func:`resume_at_the_next_epoch` gives such a checkpoint the loops' state
+   at the next epoch's start before Lightning restores them; ``ImageNetClassifier.on_load_checkpoint`` calls it, so it
+   holds for every fit of the module, with or without this callback.
 """
 
 from __future__ import annotations
@@ -202,3 +219,50 @@ def inside_the_epoch(trainer: pl.Trainer) -> bool:
     loader without a length: its epoch ends where it ends)."""
     done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
     return done < trainer.num_training_batches != float("inf")
+
+
+def resume_at_the_next_epoch(checkpoint: dict[str, Any]) -> bool:
+    """Gives an epoch-end ``checkpoint`` the loops' state at the next epoch's start (item 7 of the module docstring):
+    the epoch completed, the per-epoch counters reset as the epoch loop resets them for a new epoch. Both of Lightning's
+    resume paths then start the next epoch as an uninterrupted run does (``on_train_epoch_start``, ``batch_idx`` 0, the
+    sampler's epoch) and save its loop state, but for one count: under ``max_steps`` the restarting epoch loop passes
+    its validation check once before the first batch and counts a logger step there (``_batches_that_stepped``, which
+    ``ImageNetClassifier.on_train_batch_start`` sets back to ``global_step``).
+
+    Left as they are: a checkpoint of a fit stopped inside an epoch (not at its last batch: the resumed run trains the
+    rest of it) and one saved at a validation's end (the epoch's end has not run: the resumed run runs it).
+
+    Returns:
+        Whether anything was changed (in place).
+    """
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop")
+    if not isinstance(fit_loop, dict):
+        return False
+    try:
+        epochs, batches = fit_loop["epoch_progress"], fit_loop["epoch_loop.batch_progress"]
+        ended = all(
+            epochs[key]["ready"] == epochs[key]["started"] == epochs[key]["processed"] == epochs[key]["completed"] + 1
+            for key in ("total", "current")
+        )
+        last_batch_done = batches["is_last_batch"] is True and (
+            batches["current"]["processed"] == batches["current"]["completed"]
+        )
+        # What TrainingEpochLoop.reset does at an epoch's start when not restarting: the counts of the epoch's batches,
+        # scheduler and optimizer steps start again; validation's total counts the epoch's validation batches.
+        optimizer = fit_loop["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]
+        restart = [
+            batches["current"],
+            fit_loop["epoch_loop.scheduler_progress"]["current"],
+            *(counts["current"] for counts in optimizer.values()),
+            fit_loop["epoch_loop.val_loop.batch_progress"]["total"],
+        ]
+    except (KeyError, TypeError, AttributeError):  # another layout (another Lightning version): leave it to Lightning
+        return False
+    if not (ended and last_batch_done and all(isinstance(counts, dict) for counts in restart)):
+        return False
+    for key in ("total", "current"):
+        epochs[key]["completed"] = epochs[key]["processed"]
+    for counts in restart:
+        counts.update(dict.fromkeys(counts, 0))
+    batches["is_last_batch"] = False
+    return True

@@ -815,23 +815,39 @@ def test_interval_metrics_reach_the_csv_after_a_resume_with_another_accumulation
     assert rows == [5, 7]  # Lightning's row of each (its step column counts from 0)
 
 
-def test_a_resume_from_an_epochs_last_batch_does_not_carry_that_epochs_loss_on(tmp_path) -> None:
-    """After a checkpoint of an epoch's last batch the resumed run starts the next epoch; with max_steps Lightning has
-    not moved current_epoch on at its first batch, and the finished epoch's loss was taken up into the next one."""
+def test_a_resume_from_an_epochs_end_logs_the_next_epochs_loss_once(tmp_path) -> None:
+    """last.ckpt saved at epoch 0's end, resumed with max_steps: Lightning ran epoch 0's loop and end again, training
+    one more batch in it and logging a train_loss_epoch of that batch's 6 images, then epoch 1's of its first 3 batches
+    (callbacks/resumable_checkpoint.py, 7.). Epoch 1 logs its loss once, over its 4 batches, as an uninterrupted run."""
     from callbacks.resumable_checkpoint import ResumableCheckpoint
 
     quiet = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False, "limit_val_batches": 0,
              "default_root_dir": tmp_path}  # fmt: skip
+
+    def logging_epoch_losses() -> tuple[ImageNetClassifier, list[tuple[int, int, float]]]:
+        model, logged = linear_classifier(), []
+        log = model.log
+
+        def record(name: str, value: torch.Tensor, **options: object) -> None:
+            if name == "train_loss_epoch":
+                logged.append((model.current_epoch, model._epoch_images, float(value)))
+            log(name, value, **options)
+
+        model.log = record
+        return model, logged
+
+    batches = random_loader(4)  # one for all three fits: its targets come from the global generator
+    torch.manual_seed(0)
+    whole, whole_logged = logging_epoch_losses()
+    pl.Trainer(accelerator="cpu", max_steps=8, **quiet).fit(whole, batches)
     last = ResumableCheckpoint(dirpath=tmp_path, filename="last", monitor=None, enable_version_counter=False)
     torch.manual_seed(0)
-    pl.Trainer(accelerator="cpu", callbacks=[last], max_steps=4, **quiet).fit(linear_classifier(), random_loader(4))
+    pl.Trainer(accelerator="cpu", callbacks=[last], max_steps=4, **quiet).fit(linear_classifier(), batches)
     assert "train_epoch_loss" not in torch.load(tmp_path / "last.ckpt", weights_only=False)
-    resumed = linear_classifier()
-    counted: list[int] = []
-    resumed.log = lambda name, value, **_: name == "train_loss_epoch" and counted.append(resumed._epoch_images)
-    trainer = pl.Trainer(accelerator="cpu", max_steps=8, **quiet)
-    trainer.fit(resumed, random_loader(4), ckpt_path=str(tmp_path / "last.ckpt"))
-    assert sum(counted) == 4 * 6  # the resumed run's 4 batches of 6 images (before: 30, epoch 0's 24 taken up again)
+    resumed, logged = logging_epoch_losses()
+    pl.Trainer(accelerator="cpu", max_steps=8, **quiet).fit(resumed, batches, ckpt_path=tmp_path / "last.ckpt")
+    assert [(epoch, images) for epoch, images, _ in logged] == [(1, 4 * 6)]
+    assert logged == whole_logged[1:] and len(whole_logged) == 2  # the uninterrupted run's epoch 1 mean
 
 
 def test_milestones_past_max_epochs_are_said_and_a_max_steps_run_is_left_alone() -> None:

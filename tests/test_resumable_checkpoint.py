@@ -12,6 +12,7 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from pytorch_lightning.demos.boring_classes import BoringModel
 
 from callbacks import ResumableCheckpoint
+from callbacks.resumable_checkpoint import resume_at_the_next_epoch
 
 BATCHES = 4  # per epoch
 
@@ -403,3 +404,80 @@ def test_a_stop_held_by_a_fit_that_ended_does_not_stop_the_next_fit(tmp_path: Pa
     second = pl.Trainer(callbacks=[last], **options)
     second.fit(BoringModel())
     assert second.global_step == 4  # the whole epoch, not one step
+
+
+class _ResumesAtTheNextEpoch(BoringModel):
+    """Gives a restored checkpoint to ``resume_at_the_next_epoch`` as ImageNetClassifier does, and records where the
+    fit goes: epoch starts and ends, each training batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple] = []
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        resume_at_the_next_epoch(checkpoint)
+
+    def on_train_epoch_start(self) -> None:
+        self.seen.append(("start", self.current_epoch))
+
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        self.seen.append((self.current_epoch, batch_idx, self.global_step))
+
+    def on_train_epoch_end(self) -> None:
+        self.seen.append(("end", self.current_epoch))
+
+
+def _fit_at_epoch_ends(
+    folder: Path, model: BoringModel, ckpt: Path | None = None, validation: int = 1, **limits: int
+) -> tuple[pl.Trainer, dict]:
+    """A fit saving ``last.ckpt`` at epoch ends (train.py's last_checkpoint); the loops' state it saved last."""
+    last = ResumableCheckpoint(dirpath=folder, filename="last", monitor=None, enable_version_counter=False)
+    trainer = pl.Trainer(accelerator="cpu", limit_train_batches=BATCHES, limit_val_batches=validation,
+                         num_sanity_val_steps=0, callbacks=[last], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, **limits)  # fmt: skip
+    trainer.fit(model, ckpt_path=ckpt)
+    return trainer, torch.load(folder / "last.ckpt", weights_only=False)["loops"]
+
+
+@pytest.mark.parametrize("validation", [0, 1])
+def test_an_epoch_end_checkpoint_resumed_with_max_steps_starts_the_next_epoch(tmp_path: Path, validation: int) -> None:
+    """Lightning alone ran epoch 0's loop and end again: without validation one more batch in it (batch_idx 4), with
+    validation none; then counted epoch 0 twice, and max_epochs 3 stopped the fit an epoch early (item 7)."""
+    limits = {"max_epochs": 3, "max_steps": 3 * BATCHES}
+    whole = _ResumesAtTheNextEpoch()
+    _, whole_loops = _fit_at_epoch_ends(tmp_path / "whole", whole, validation=validation, **limits)
+    _fit_at_epoch_ends(tmp_path, _ResumesAtTheNextEpoch(), validation=validation, max_steps=BATCHES)
+    checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"] == 1  # saved at epoch 0's end
+    resumed = _ResumesAtTheNextEpoch()
+    trainer, loops = _fit_at_epoch_ends(tmp_path, resumed, tmp_path / "last.ckpt", validation=validation, **limits)
+    assert resumed.seen == whole.seen[whole.seen.index(("start", 1)) :]  # epochs 1 and 2, whole, from their start
+    assert trainer.global_step == 3 * BATCHES
+    # It saved the uninterrupted run's loop state at its end, but for the logger's step count: Lightning's epoch loop,
+    # restarting under max_steps, passes its validation check once before the first batch and counts a step there
+    # (ImageNetClassifier sets the count to global_step at every batch start).
+    for state in (loops, whole_loops):
+        state["fit_loop"]["epoch_loop.state_dict"].pop("_batches_that_stepped")
+    assert loops == whole_loops
+
+
+def test_a_checkpoint_inside_an_epoch_or_before_its_end_is_left_as_it_is(tmp_path: Path) -> None:
+    # A fit stopped inside epoch 0 (max_steps 2 of 4 batches), saved at the epoch's end by Lightning's own callback:
+    # the resumed run trains the rest of the epoch.
+    at_the_stop = ModelCheckpoint(dirpath=tmp_path, filename="stopped", monitor=None)
+    pl.Trainer(accelerator="cpu", limit_train_batches=BATCHES, limit_val_batches=0, max_steps=2,
+               callbacks=[at_the_stop], logger=False, enable_progress_bar=False,
+               enable_model_summary=False).fit(BoringModel())  # fmt: skip
+    stopped = torch.load(tmp_path / "stopped.ckpt", weights_only=False)
+    assert stopped["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"] == 1  # at the epoch's end
+    # Saved at the end of a validation at the epoch's last batch: the epoch's end has not run, the resumed run runs it.
+    saves = ModelCheckpoint(dirpath=tmp_path, filename="{step}", save_top_k=-1)
+    pl.Trainer(accelerator="cpu", limit_train_batches=BATCHES, limit_val_batches=1, val_check_interval=BATCHES,
+               max_epochs=1, num_sanity_val_steps=0, callbacks=[saves], logger=False, enable_progress_bar=False,
+               enable_model_summary=False).fit(BoringModel())  # fmt: skip
+    validated = torch.load(tmp_path / f"step={BATCHES}.ckpt", weights_only=False)
+    assert validated["loops"]["fit_loop"]["epoch_loop.batch_progress"]["is_last_batch"]
+    for checkpoint in (stopped, validated, {"state_dict": {}}):
+        before = repr(checkpoint)
+        assert not resume_at_the_next_epoch(checkpoint)
+        assert repr(checkpoint) == before
