@@ -18,65 +18,14 @@ import torchvision
 from core_probes import QUIET, LRLog
 from torch.utils.data import DataLoader, TensorDataset
 
-import imagenet_module
+import step_metrics
 from bad_image_policy import IGNORED_TARGET
 from datamodule import ImageNetDataModule
-from imagenet_module import ImageNetClassifier, lr_multiplier
+from imagenet_module import ImageNetClassifier
 from torchvision_models import build_model
 
-SPE = 100  # steps per epoch of the schedule tests
 
-
-def step_schedule(step: int, steps_per_epoch: int = SPE, warmup: float = 5) -> float:
-    return lr_multiplier(step, steps_per_epoch, warmup, "step", [30, 60, 80], 0.1)
-
-
-# --- lr_multiplier -----------------------------------------------------------------------------------------------
-def test_warmup_is_linear_per_step_from_one_step_to_the_full_rate() -> None:
-    assert step_schedule(0) == pytest.approx(1 / (5 * SPE))
-    assert step_schedule(1) == pytest.approx(2 / (5 * SPE))
-    assert step_schedule(5 * SPE // 2 - 1) == pytest.approx(0.5)
-    assert step_schedule(5 * SPE - 1) == pytest.approx(1.0)  # the last warmup step reaches the base rate
-    assert step_schedule(5 * SPE) == pytest.approx(1.0)
-    warmup = [step_schedule(s) for s in range(5 * SPE)]
-    assert all(b > a for a, b in zip(warmup, warmup[1:], strict=False))
-
-
-@pytest.mark.parametrize(
-    ("epoch", "factor"),
-    [(5, 1.0), (29, 1.0), (30, 0.1), (59, 0.1), (60, 0.01), (79, 0.01), (80, 0.001), (89, 0.001)],
-)
-def test_step_decay_at_the_milestones(epoch: int, factor: float) -> None:
-    assert step_schedule(epoch * SPE) == pytest.approx(factor)
-    assert step_schedule(epoch * SPE + SPE - 1) == pytest.approx(factor)  # constant through the epoch
-
-
-def test_fractional_and_no_warmup() -> None:
-    assert step_schedule(0, warmup=0) == 1.0
-    assert step_schedule(0, steps_per_epoch=10, warmup=0.5) == pytest.approx(1 / 5)
-    assert step_schedule(4, steps_per_epoch=10, warmup=0.5) == pytest.approx(1.0)
-    assert step_schedule(5, steps_per_epoch=10, warmup=0.5) == 1.0
-
-
-def test_cosine_schedule() -> None:
-    def cosine(step: int, warmup: float = 5) -> float:
-        return lr_multiplier(step, SPE, warmup, "cosine", [30, 60, 80], 0.1, 90 * SPE)
-
-    assert cosine(0) == pytest.approx(1 / (5 * SPE))
-    assert cosine(5 * SPE - 1) == pytest.approx(1.0)
-    assert cosine(5 * SPE) == pytest.approx(1.0)
-    middle = 5 * SPE + (90 - 5) * SPE // 2
-    assert cosine(middle) == pytest.approx(0.5)
-    assert cosine(90 * SPE - 1) == pytest.approx(0.0, abs=1e-5)
-    assert cosine(90 * SPE + 50) == 0.0
-    after = [cosine(s) for s in range(5 * SPE, 90 * SPE, 37)]
-    assert all(b < a for a, b in zip(after, after[1:], strict=False))
-    # The milestones play no part in the cosine schedule.
-    assert cosine(30 * SPE) > 0.5
-    assert lr_multiplier(0, SPE, 0, "cosine", [], 0.1, 90 * SPE) == 1.0
-    assert lr_multiplier(45 * SPE, SPE, 0, "cosine", [], 0.1, 90 * SPE) == pytest.approx(0.5)
-
-
+# --- the schedule in a fit (lr_multiplier alone: tests/test_lr_schedule.py) ----------------------------------------
 @pytest.mark.parametrize(
     ("max_epochs", "max_steps", "end", "steps"), [(None, 6, 6, 6), (1, 6, 4, 4), (3, -1, 12, 12), (3, 6, 12, 6)]
 )
@@ -693,7 +642,7 @@ def test_logged_interval_and_epoch_metrics_are_means_over_their_images(accumulat
 
 
 class _FakeClock:
-    """``time`` for imagenet_module: ``perf_counter`` moves only when a test moves it."""
+    """``time`` for step_metrics: ``perf_counter`` moves only when a test moves it."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -706,7 +655,7 @@ def test_the_interval_speed_leaves_out_validation_and_the_epoch_end(monkeypatch:
     """train_img_s (and the print-freq line) count training only: a validation, and an epoch end with its
     checkpoints, stop the clocks; the first interval after them was charged with all of it."""
     clock = _FakeClock()
-    monkeypatch.setattr(imagenet_module, "time", clock)
+    monkeypatch.setattr(step_metrics, "time", clock)
     batch = 4
 
     class Timed(ImageNetClassifier):
@@ -760,9 +709,9 @@ def test_the_interval_speed_counts_every_micro_batch_and_the_print_line_says_the
     """train_img_s is the global batch's images a second (not one micro-batch's), and the print-freq line's Prec@1 and
     Prec@5 are the logged train_acc1 and train_acc5."""
     clock = _FakeClock()
-    monkeypatch.setattr(imagenet_module, "time", clock)
+    monkeypatch.setattr(step_metrics, "time", clock)
     lines: list[str] = []
-    monkeypatch.setattr(imagenet_module, "rank_zero_info", lines.append)
+    monkeypatch.setattr(step_metrics, "rank_zero_info", lines.append)
 
     class Timed(ImageNetClassifier):
         def training_step(self, batch_: Any, batch_idx: int) -> torch.Tensor:
@@ -830,7 +779,7 @@ def test_a_resume_from_an_epochs_end_logs_the_next_epochs_loss_once(tmp_path) ->
 
         def record(name: str, value: torch.Tensor, **options: object) -> None:
             if name == "train_loss_epoch":
-                logged.append((model.current_epoch, model._epoch_images, float(value)))
+                logged.append((model.current_epoch, model._step_metrics.epoch_images, float(value)))
             log(name, value, **options)
 
         model.log = record

@@ -1,0 +1,246 @@
+"""What the LightningModule logs, without a host sync in the hot loop.
+
+Per-step training values are added into one device buffer (one in-place add a step), the periodic train line (loss,
+top-1, top-5, images/s, like the original's print_freq line) is reduced across ranks only every
+``trainer.log_every_n_steps`` steps, the same steps on every rank, and ``train_loss_epoch`` once per epoch
+(``StepMetrics``, which the module owns and calls from its hooks). Validation and test accuracy and loss are
+``WeightedMean`` metrics that synchronize once, at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import rank_zero_info
+from torchmetrics import Metric
+from typing_extensions import override
+
+from callbacks.ranges import METRICS, app_range
+from callbacks.resumable_checkpoint import inside_the_epoch
+
+if TYPE_CHECKING:
+    from imagenet_module import ImageNetClassifier
+
+#: What the module logs: every log_every_n_steps steps (train_*), per training epoch (train_loss_epoch), per
+#: validation (val_*); what a checkpoint callback may monitor or name in its file name (config_checks.py checks it).
+LOGGED_METRICS = (
+    "train_loss", "train_acc1", "train_acc5", "train_img_s", "train_loss_epoch", "val_loss", "val_acc1", "val_acc5"
+)  # fmt: skip
+
+
+class WeightedMean(Metric):
+    """The weighted mean of the values seen, summed across ranks at ``compute``; no host sync in ``update``.
+
+    torchmetrics' ``MeanMetric`` drops the weights under ``nan_strategy="disable"`` (1.9: its NaN check, which would
+    sync with the host each step, is also where it keeps them).
+    """
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("weight", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    @override
+    def update(self, values: torch.Tensor, weights: torch.Tensor) -> None:
+        self.total += (values.double() * weights.double()).sum()
+        self.weight += weights.double().sum()
+
+    @override
+    def compute(self) -> torch.Tensor:
+        return (self.total / self.weight).float()
+
+
+def totals_over_ranks(trainer: pl.Trainer, sums: torch.Tensor, images: int) -> torch.Tensor:
+    """``sums`` followed by their image count, summed over every rank (a collective: call on all ranks, in batch
+    hooks only, see ``StepMetrics.log_epoch_loss``)."""
+    totals = torch.cat((sums, sums.new_tensor([images])))
+    if trainer.world_size > 1:
+        totals = trainer.strategy.reduce(totals, reduce_op="sum")
+    return totals
+
+
+class StepMetrics:
+    """The training steps' metrics: the log interval's and the epoch's sums on the device, the images they cover, and
+    the clocks of the interval's and the job's speed."""
+
+    def __init__(self) -> None:
+        # Running sums kept on the device, one in-place add per step: [loss x n, top-1 hits, top-5 hits] of the current
+        # log interval, then loss x n of the current epoch. Float64: exact counts over a whole ImageNet epoch. The
+        # images they cover are counted on the host, where each batch's size is known without a read-back.
+        self.sums = torch.zeros(4, dtype=torch.float64)
+        self.interval_images = 0
+        self.epoch_images = 0
+        self.job_start: tuple[float, int] | None = None  # (time, step) where the job's speed is counted from
+        self.interval_start: float | None = None
+        self.interval_step = 0
+        self.paused_at: float | None = None  # when the clocks above stopped for a validation or an epoch's end
+        self.paused_for = ""
+        self.last_global_step = -1
+        # The restored checkpoint's share of its epoch's loss (save_epoch_loss), taken up at the first batch.
+        self.saved_epoch_loss: dict[str, Any] | None = None
+
+    def start_fit(self, global_step: int) -> None:
+        """At the fit's start: the log interval starts at the end of this fit's first optimizer step."""
+        # The first step is warm-up (cudnn benchmarking, compilation); with gradient accumulation the interval starts
+        # after its last micro-batch, not its first.
+        self.last_global_step, self.interval_start, self.paused_at = global_step, None, None
+
+    def add_step(self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, top_k: int) -> None:
+        """A training batch's loss and top-1 / top-``top_k`` hits added into the sums, without a host sync."""
+        with torch.no_grad():
+            n = targets.numel()
+            hit = logits.topk(top_k, dim=1).indices == targets[:, None]
+            hits = torch.stack((hit[:, 0], hit.any(dim=1))).sum(dim=1)
+            # The batch size travels as a kernel argument: no host-to-device copy, no sync. A handful of launches per
+            # step (the host's time per step is what a GPU waits for after each sync, e.g. fp16's overflow check).
+            weighted = loss.detach().reshape(1) * n
+            if self.sums.device != weighted.device:
+                self.sums = self.sums.to(weighted.device)
+            self.sums += torch.cat((weighted, hits, weighted))
+            self.interval_images += n
+            self.epoch_images += n
+
+    def on_batch_start(self, trainer: pl.Trainer, global_step: int, current_epoch: int) -> None:
+        """At a training batch's start: Lightning's step counter kept up, and a restored epoch loss taken up."""
+        loop = trainer.fit_loop.epoch_loop
+        if loop._batches_that_stepped != global_step:
+            # Lightning writes step metrics when its own step counter is due; a resume with another
+            # accumulate_grad_batches whose checkpoint falls inside one of the new steps leaves that counter behind the
+            # optimizer steps (its restore skips an increment), and the print-freq lines (due by global_step) found no
+            # row in metrics.csv. Equal otherwise at every batch start.
+            loop._batches_that_stepped = global_step
+        saved, self.saved_epoch_loss = self.saved_epoch_loss, None
+        if saved is not None and saved.get("epoch") == current_epoch:
+            # A resume inside the epoch the checkpoint was saved in (Lightning then skips on_train_epoch_start):
+            # train_loss_epoch goes on from the loss of the steps before it. A checkpoint at or after an epoch's last
+            # batch holds none (save_epoch_loss): the run starts the next epoch, and its sums start at zero.
+            self.sums[3] = float(saved["sum"])
+            self.epoch_images = int(saved["images"])
+
+    def on_batch_end(self, module: ImageNetClassifier, batch_idx: int) -> None:
+        """At a training batch's end: the interval logged at a log step; the clocks stopped after an epoch's last."""
+        self.log_step(module, batch_idx)
+        if not inside_the_epoch(module.trainer):
+            # The epoch's last step: from here to the next epoch's start (its validation, its end's checkpoints, which
+            # Lightning runs after this hook) is not training.
+            self.pause_clocks(module.trainer, "epoch end")
+
+    def log_step(self, module: ImageNetClassifier, batch_idx: int) -> None:
+        step = module.global_step
+        if step == self.last_global_step:
+            return  # still accumulating gradients: no optimizer step yet
+        self.last_global_step = step
+        if self.interval_start is None:
+            self.interval_start, self.interval_step = time.perf_counter(), step
+            self.job_start = (self.interval_start, step)
+            with app_range(METRICS):  # the first step's sums are left out: it holds the warm-up (cudnn, compile)
+                self.sums[:3].zero_()
+            self.interval_images = 0
+            return
+        # The same condition on every rank at the same step: Lightning writes step metrics on exactly these steps
+        # (none with log_every_n_steps 0; the epoch's train_loss_epoch is still logged), and at a step where the fit
+        # stops (trainer.should_stop: exit_after, max_time, early stopping; decided alike on every rank), where it
+        # wrote the last interval's row a second time: the stop's own, shorter interval instead. Reaching max_steps
+        # sets no should_stop: without its own row, the steps after the last logged one were never logged.
+        trainer = module.trainer
+        every = trainer.log_every_n_steps
+        max_steps = trainer.max_steps
+        stopping = (trainer.should_stop and getattr(trainer.fit_loop, "_can_stop_early", True)) or (
+            0 <= max_steps <= step
+        )
+        if every <= 0 or (step % every != 0 and not stopping):
+            return
+        # Lightning writes step metrics on its log steps and when should_stop is set (its should_update_logs, after
+        # this hook); the row of a max_steps end is neither, and is written here, at the step Lightning would use.
+        epoch_loop = trainer.fit_loop.epoch_loop
+        lightning_writes = (epoch_loop._batches_that_stepped + 1) % every == 0 or trainer.should_stop
+        # Named on the timeline: the step's range has closed (callbacks run first), and this is the interval's sync.
+        with app_range(METRICS):
+            self.log_interval(module, step, batch_idx, write=not lightning_writes)
+
+    def log_interval(self, module: ImageNetClassifier, step: int, batch_idx: int, write: bool = False) -> None:
+        """The interval's metrics, reduced over every rank (its one host sync), logged and printed; the sums reset.
+        ``write``: to the loggers now, at a step where Lightning would not write them."""
+        # Through the module's method: a test wraps it to see where the reduction runs (tests/test_profiler_window.py).
+        totals = module._totals_over_ranks(self.sums[:3], self.interval_images)
+        loss_sum, correct, correct5, count = totals.tolist()  # the interval's one host sync
+        now = time.perf_counter()
+        batch = module.global_batch_size()
+        interval_time = (now - self.interval_start) / max(step - self.interval_step, 1)
+        assert self.job_start is not None
+        job_time = (now - self.job_start[0]) / max(step - self.job_start[1], 1)
+        count = max(count, 1)
+        metrics = {
+            "train_loss": loss_sum / count,
+            "train_acc1": correct / count,
+            "train_acc5": correct5 / count,
+            "train_img_s": batch / interval_time,
+        }
+        module.log_dict(metrics, on_step=True, on_epoch=False)
+        trainer = module.trainer
+        if write:
+            trainer._logger_connector.log_metrics(metrics)
+        # The original's print_freq line (apex main_amp.py), reduced over all ranks, printed by rank 0.
+        rank_zero_info(
+            f"Epoch: [{module.current_epoch}][{batch_idx + 1}/{trainer.num_training_batches}]\t"
+            f"Time {interval_time:.3f} ({job_time:.3f})\tSpeed {batch / interval_time:.3f} ({batch / job_time:.3f})\t"
+            f"Loss {loss_sum / count:.4f}\tPrec@1 {100 * correct / count:.3f}\tPrec@5 {100 * correct5 / count:.3f}"
+        )
+        self.sums[:3].zero_()
+        self.interval_images = 0
+        self.interval_start, self.interval_step = now, step
+
+    # The interval's and the job's clocks stop for a validation and over an epoch's end (its checkpoints included), as
+    # the original's timer did (restarted at each train() call): train_img_s and the print-freq line are training
+    # speed, not the first interval after a validation charged with all of it. The next epoch's first batch counts.
+    def pause_clocks(self, trainer: pl.Trainer, reason: str) -> None:
+        if self.interval_start is not None and self.paused_at is None and not trainer.sanity_checking:
+            self.paused_at, self.paused_for = time.perf_counter(), reason
+
+    def resume_clocks(self, reason: str) -> None:
+        if self.paused_at is None or self.paused_for != reason:
+            return
+        paused = time.perf_counter() - self.paused_at
+        self.paused_at = None
+        if self.interval_start is not None and self.job_start is not None:
+            self.interval_start += paused
+            self.job_start = (self.job_start[0] + paused, self.job_start[1])
+
+    def start_epoch(self) -> None:
+        """At a training epoch's start: the clocks go on, the epoch's loss starts at zero."""
+        self.resume_clocks("epoch end")
+        self.sums[3:].zero_()
+        self.epoch_images = 0
+
+    def log_epoch_loss(self, module: ImageNetClassifier) -> None:
+        """``train_loss_epoch``: the mean over every image of the epoch, all ranks together."""
+        # This rank's mean, weighted by its image count, which Lightning's sync_dist sums over the ranks with the
+        # weighted values (two barriers and two small all-reduces an epoch, where Lightning reduces every epoch metric;
+        # exact while every rank has as many images, as the DDP sampler gives them, since the count is averaged as an
+        # integer under NCCL).
+        # No collective of the module's own here: under DDP the progress bar, on rank 0 only, reduces the callbacks'
+        # epoch metrics (train_bad_images) before this hook, so a collective here met another one on the other ranks
+        # (a crash or a hang at the first epoch's end).
+        images = self.epoch_images
+        mean = self.sums[3] / max(images, 1)
+        # max(images, 1): an epoch without images logs 0 (every rank has as many images under the DDP sampler).
+        module.log(
+            "train_loss_epoch", mean.float(), on_step=False, on_epoch=True, sync_dist=True, batch_size=max(images, 1)
+        )
+
+    def save_epoch_loss(self, checkpoint: dict[str, Any], trainer: pl.Trainer | None, epoch: int) -> None:
+        """The epoch's loss so far into ``checkpoint``, for train_loss_epoch after a resume inside the epoch."""
+        # One small copy to the host, at a checkpoint only. Under DDP rank 0 writes the file: every rank resumes with
+        # rank 0's share, an estimate of its own; on one device the resumed epoch logs the uninterrupted run's mean.
+        # Not after the epoch's last batch: the resumed run starts the next epoch, its loss from zero.
+        if trainer is not None and trainer.state.fn == "fit" and inside_the_epoch(trainer):
+            checkpoint["train_epoch_loss"] = {"epoch": epoch, "sum": float(self.sums[3]), "images": self.epoch_images}
+
+    def restore_epoch_loss(self, checkpoint: dict[str, Any]) -> None:
+        """The checkpoint's share of its epoch's loss, taken up at the first batch (``on_batch_start``)."""
+        self.saved_epoch_loss = checkpoint.get("train_epoch_loss")
