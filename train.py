@@ -129,7 +129,12 @@ class ImageNetCLI(LightningCLI):
         before = self.config[subcommand].model.clone()
         super()._parse_ckpt_path()
         if Path(ckpt_path).is_file():  # what LightningCLI read the checkpoint's options from
-            settle_model_options(self.config[subcommand].model, before, self._argv, subcommand)
+            section = self.config[subcommand]
+            settle_model_options(section.model, before, self._argv, subcommand)
+            # The parse-time link model.channels_last -> data.channels_last, applied again to the value the model
+            # settled on: the two would otherwise differ and Lightning refuses the run after set-up, in a traceback
+            # ("Error while merging hparams").
+            section.data.channels_last = section.model.channels_last
 
     def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 (LightningCLI's signature)
         # Kept for _parse_ckpt_path: which model options the command line itself gives.

@@ -917,6 +917,20 @@ def test_a_resume_takes_the_checkpoints_options_but_the_command_lines_own(
     assert validated.model.hparams.lr == 0.2  # what the resumed run saved
 
 
+def test_a_resume_or_evaluation_with_another_channels_last_gives_the_data_the_models(
+    trained: dict, tmp_path: Path, main
+) -> None:
+    # The checkpoint was trained without channels_last; the command line's own --model.channels_last wins back over
+    # it, and the data module, linked to the model's option at parse time, must follow (Lightning refuses a module and
+    # a data module whose hparams differ, in a traceback after set-up).
+    args = [*trained["args"], "--trainer.default_root_dir", str(tmp_path), "--trainer.limit_val_batches", "1",
+            "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
+    for subcommand in ("fit", "validate"):
+        steps = ["--trainer.max_steps", str(trained["global_step"] + 1)] if subcommand == "fit" else []
+        cli = main([subcommand, *args, *steps, "--model.channels_last", "true", "--ckpt_path", str(trained["last"])])
+        assert cli.model.hparams.channels_last and cli.datamodule.hparams.channels_last, subcommand
+
+
 def test_help_says_what_each_subcommand_does_and_errors_point_to_the_subcommands_help(
     trained: dict, main, capsys
 ) -> None:
