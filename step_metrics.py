@@ -81,8 +81,10 @@ class StepMetrics:
         self.paused_at: float | None = None  # when the clocks above stopped for a validation or an epoch's end
         self.paused_for = ""
         self.last_global_step = -1
-        # The restored checkpoint's share of its epoch's loss (save_epoch_loss), taken up at the first batch.
+        # The restored checkpoint's share of its epoch's loss (save_epoch_loss), taken up at the first batch, or at the
+        # epoch's end when the resumed run starts there.
         self.saved_epoch_loss: dict[str, Any] | None = None
+        self.epoch_loss_logged = False  # train_loss_epoch logged for the current epoch: a checkpoint now needs none
 
     def start_fit(self, global_step: int) -> None:
         """At the fit's start: the log interval starts at the end of this fit's first optimizer step."""
@@ -114,11 +116,14 @@ class StepMetrics:
             # optimizer steps (its restore skips an increment), and the print-freq lines (due by global_step) found no
             # row in metrics.csv. Equal otherwise at every batch start.
             loop._batches_that_stepped = global_step
+        # A resume inside the epoch the checkpoint was saved in (Lightning then skips on_train_epoch_start):
+        # train_loss_epoch goes on from the loss of the steps before it. A checkpoint saved after the epoch's end holds
+        # none (save_epoch_loss): the run starts the next epoch, and its sums start at zero.
+        self._take_up_the_saved_epoch_loss(current_epoch)
+
+    def _take_up_the_saved_epoch_loss(self, current_epoch: int) -> None:
         saved, self.saved_epoch_loss = self.saved_epoch_loss, None
         if saved is not None and saved.get("epoch") == current_epoch:
-            # A resume inside the epoch the checkpoint was saved in (Lightning then skips on_train_epoch_start):
-            # train_loss_epoch goes on from the loss of the steps before it. A checkpoint at or after an epoch's last
-            # batch holds none (save_epoch_loss): the run starts the next epoch, and its sums start at zero.
             self.sums[3] = float(saved["sum"])
             self.epoch_images = int(saved["images"])
 
@@ -216,6 +221,7 @@ class StepMetrics:
         self.resume_clocks("epoch end")
         self.sums[3:].zero_()
         self.epoch_images = 0
+        self.epoch_loss_logged = False
 
     def log_epoch_loss(self, module: ImageNetClassifier) -> None:
         """``train_loss_epoch``: the mean over every image of the epoch, all ranks together."""
@@ -226,19 +232,24 @@ class StepMetrics:
         # No collective of the module's own here: under DDP the progress bar, on rank 0 only, reduces the callbacks'
         # epoch metrics (train_bad_images) before this hook, so a collective here met another one on the other ranks
         # (a crash or a hang at the first epoch's end).
+        # A checkpoint saved at the validation of an epoch's last batch, before the epoch's end: the resumed run starts
+        # at that end (no batch before it), whose loss is the checkpoint's.
+        self._take_up_the_saved_epoch_loss(module.current_epoch)
         images = self.epoch_images
         mean = self.sums[3] / max(images, 1)
         # max(images, 1): an epoch without images logs 0 (every rank has as many images under the DDP sampler).
         module.log(
             "train_loss_epoch", mean.float(), on_step=False, on_epoch=True, sync_dist=True, batch_size=max(images, 1)
         )
+        self.epoch_loss_logged = True
 
     def save_epoch_loss(self, checkpoint: dict[str, Any], trainer: pl.Trainer | None, epoch: int) -> None:
-        """The epoch's loss so far into ``checkpoint``, for train_loss_epoch after a resume inside the epoch."""
+        """The epoch's loss so far into ``checkpoint``, for train_loss_epoch after a resume before the epoch's end."""
         # One small copy to the host, at a checkpoint only. Under DDP rank 0 writes the file: every rank resumes with
         # rank 0's share, an estimate of its own; on one device the resumed epoch logs the uninterrupted run's mean.
-        # Not after the epoch's last batch: the resumed run starts the next epoch, its loss from zero.
-        if trainer is not None and trainer.state.fn == "fit" and inside_the_epoch(trainer):
+        # Not once the epoch's end logged it: the resumed run starts the next epoch, its loss from zero. Before that
+        # end, also at the validation of the epoch's last batch: the resumed run starts at the epoch's end.
+        if trainer is not None and trainer.state.fn == "fit" and not self.epoch_loss_logged:
             checkpoint["train_epoch_loss"] = {"epoch": epoch, "sum": float(self.sums[3]), "images": self.epoch_images}
 
     def restore_epoch_loss(self, checkpoint: dict[str, Any]) -> None:

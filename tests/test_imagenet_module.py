@@ -764,6 +764,20 @@ def test_interval_metrics_reach_the_csv_after_a_resume_with_another_accumulation
     assert rows == [5, 7]  # Lightning's row of each (its step column counts from 0)
 
 
+def logging_epoch_losses() -> tuple[ImageNetClassifier, list[tuple[int, int, float]]]:
+    """A linear classifier and the (epoch, images, value) of each train_loss_epoch it logs."""
+    model, logged = linear_classifier(), []
+    log = model.log
+
+    def record(name: str, value: torch.Tensor, **options: object) -> None:
+        if name == "train_loss_epoch":
+            logged.append((model.current_epoch, model._step_metrics.epoch_images, float(value)))
+        log(name, value, **options)
+
+    model.log = record
+    return model, logged
+
+
 def test_a_resume_from_an_epochs_end_logs_the_next_epochs_loss_once(tmp_path) -> None:
     """last.ckpt saved at epoch 0's end, resumed with max_steps: Lightning ran epoch 0's loop and end again, training
     one more batch in it and logging a train_loss_epoch of that batch's 6 images, then epoch 1's of its first 3 batches
@@ -772,19 +786,6 @@ def test_a_resume_from_an_epochs_end_logs_the_next_epochs_loss_once(tmp_path) ->
 
     quiet = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False, "limit_val_batches": 0,
              "default_root_dir": tmp_path}  # fmt: skip
-
-    def logging_epoch_losses() -> tuple[ImageNetClassifier, list[tuple[int, int, float]]]:
-        model, logged = linear_classifier(), []
-        log = model.log
-
-        def record(name: str, value: torch.Tensor, **options: object) -> None:
-            if name == "train_loss_epoch":
-                logged.append((model.current_epoch, model._step_metrics.epoch_images, float(value)))
-            log(name, value, **options)
-
-        model.log = record
-        return model, logged
-
     batches = random_loader(4)  # one for all three fits: its targets come from the global generator
     torch.manual_seed(0)
     whole, whole_logged = logging_epoch_losses()
@@ -797,6 +798,30 @@ def test_a_resume_from_an_epochs_end_logs_the_next_epochs_loss_once(tmp_path) ->
     pl.Trainer(accelerator="cpu", max_steps=8, **quiet).fit(resumed, batches, ckpt_path=tmp_path / "last.ckpt")
     assert [(epoch, images) for epoch, images, _ in logged] == [(1, 4 * 6)]
     assert logged == whole_logged[1:] and len(whole_logged) == 2  # the uninterrupted run's epoch 1 mean
+
+
+def test_a_validation_end_checkpoint_at_an_epochs_last_batch_resumes_that_epochs_loss(tmp_path) -> None:
+    """last.ckpt saved at the validation of epoch 0's last batch (val_check_interval 0.5), before the epoch's end ran:
+    the resumed run runs that end (Lightning's path for this state) and logs epoch 0's loss over its 24 images, as the
+    first run did, not 0.0 over none; then epoch 1's, as an uninterrupted run."""
+    from callbacks.resumable_checkpoint import ResumableCheckpoint
+
+    quiet = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False, "limit_val_batches": 1,
+             "num_sanity_val_steps": 0, "val_check_interval": 0.5, "default_root_dir": tmp_path}  # fmt: skip
+    batches, val = random_loader(4), random_loader(1, seed=1)
+    torch.manual_seed(0)
+    whole, whole_logged = logging_epoch_losses()
+    pl.Trainer(accelerator="cpu", max_steps=8, **quiet).fit(whole, batches, val)
+    last = ResumableCheckpoint(dirpath=tmp_path, filename="last", monitor=None, enable_version_counter=False)
+    torch.manual_seed(0)
+    first, first_logged = logging_epoch_losses()
+    pl.Trainer(accelerator="cpu", callbacks=[last], max_steps=4, **quiet).fit(first, batches, val)
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["train_epoch_loss"]["images"] == 24
+    resumed, logged = logging_epoch_losses()
+    pl.Trainer(accelerator="cpu", max_steps=8, **quiet).fit(resumed, batches, val, ckpt_path=tmp_path / "last.ckpt")
+    assert [(epoch, images) for epoch, images, _ in whole_logged] == [(0, 24), (1, 24)]
+    assert first_logged == whole_logged[:1]
+    assert logged == whole_logged  # epoch 0's end run again, with the first run's mean; then epoch 1
 
 
 def test_milestones_past_max_epochs_are_said_and_a_max_steps_run_is_left_alone() -> None:
@@ -823,7 +848,8 @@ def test_a_warmup_longer_than_the_run_is_said_and_cosine_milestones_are_not() ->
 
 
 def test_a_checkpoint_at_a_validation_inside_an_epoch_carries_the_epochs_loss_so_far(tmp_path) -> None:
-    # Validation every 2 of the epoch's 4 batches: its checkpoint at step 2 is a mid-epoch one, the one at step 4 not.
+    # Validation every 2 of the epoch's 4 batches: its checkpoint at step 2 is a mid-epoch one; the one at step 4 comes
+    # before the epoch's end, which a run resumed from it runs: it carries the whole epoch's loss.
     saves = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, filename="{step}", save_top_k=-1)
     options = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
     trainer = pl.Trainer(accelerator="cpu", max_epochs=1, val_check_interval=2, num_sanity_val_steps=0,
@@ -831,7 +857,7 @@ def test_a_checkpoint_at_a_validation_inside_an_epoch_carries_the_epochs_loss_so
     trainer.fit(linear_classifier(), random_loader(4), random_loader(1))
     mid, end = (torch.load(tmp_path / f"step={step}.ckpt", weights_only=False) for step in (2, 4))
     assert mid["train_epoch_loss"]["images"] == 2 * 6 and mid["train_epoch_loss"]["epoch"] == 0
-    assert "train_epoch_loss" not in end
+    assert end["train_epoch_loss"]["images"] == 4 * 6 and end["train_epoch_loss"]["epoch"] == 0
 
 
 @pytest.mark.parametrize(
