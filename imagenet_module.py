@@ -5,11 +5,8 @@ Recipe: SGD with momentum and weight decay; the learning rate is ``lr`` per 256 
 and is multiplied by ``lr_gamma`` at each epoch of ``lr_milestones`` (30, 60, 80), or follows a cosine after the
 warmup (lr_schedule.py).
 
-Metrics avoid host syncs in the hot loop: per-step training values are added into one device buffer (one in-place
-add a step), the periodic train line (loss, top-1, top-5, images/s, like the original's print_freq line) is reduced
-across ranks only every ``trainer.log_every_n_steps`` steps, the same steps on every rank, ``train_loss_epoch`` once
-per epoch, and validation accuracy and loss are torchmetrics objects that synchronize once, at the end
-(step_metrics.py).
+Metrics avoid host syncs in the hot loop (step_metrics.py): one in-place add a step on the device, reduced across
+ranks only at log steps and epoch ends.
 
 The schedule and the training metrics each live in a helper the module owns (``LRSchedule``, ``StepMetrics``); the
 hooks, which Lightning calls on the module, call them.

@@ -91,6 +91,9 @@ class StepMetrics:
         # The first step is warm-up (cudnn benchmarking, compilation); with gradient accumulation the interval starts
         # after its last micro-batch, not its first.
         self.last_global_step, self.interval_start, self.paused_at = global_step, None, None
+        # A module fitted again (a resume inside an epoch skips on_train_epoch_start): the last fit's logged epoch does
+        # not keep this fit's checkpoints from saving their epoch's loss.
+        self.epoch_loss_logged = False
 
     def add_step(self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, top_k: int) -> None:
         """A training batch's loss and top-1 / top-``top_k`` hits added into the sums, without a host sync."""

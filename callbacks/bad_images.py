@@ -49,7 +49,7 @@ class BadImageCount(Callback):
         # The loader is exhausted by now, so the count is the epoch's. Every rank has a counter (one datamodule
         # configuration), so every rank takes part in the one reduction. It is lazy: rank 0's progress bar runs it in
         # its own on_train_epoch_end, the other ranks where Lightning next reads the metrics, so no on_train_epoch_end
-        # hook after this one may run a collective of its own (imagenet_module.py).
+        # hook after this one may run a collective of its own (step_metrics.py, ``StepMetrics.log_epoch_loss``).
         _log_count(pl_module, TRAIN_BAD_IMAGES, trainer.train_dataloader)
 
     @override

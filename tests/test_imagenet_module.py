@@ -860,6 +860,23 @@ def test_a_checkpoint_at_a_validation_inside_an_epoch_carries_the_epochs_loss_so
     assert end["train_epoch_loss"]["images"] == 4 * 6 and end["train_epoch_loss"]["epoch"] == 0
 
 
+def test_a_module_fitted_again_from_inside_an_epoch_saves_the_epochs_loss(tmp_path) -> None:
+    """The same module object fitted a second time, from a checkpoint inside an epoch (Lightning then skips
+    on_train_epoch_start): its checkpoints there carry the epoch's loss so far, though the first fit logged an epoch."""
+    options = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False, "limit_val_batches": 0}
+    every_step = {"filename": "{step}", "save_top_k": -1, "every_n_train_steps": 1, "monitor": None}
+    first = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "a", **every_step)
+    pl.Trainer(accelerator="cpu", max_steps=2, callbacks=[first], **options).fit(linear_classifier(), random_loader(4))
+    model = linear_classifier()
+    pl.Trainer(accelerator="cpu", max_epochs=1, **options).fit(model, random_loader(4))  # an epoch's loss logged
+    again = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "b", **every_step)
+    pl.Trainer(accelerator="cpu", max_steps=3, callbacks=[again], **options).fit(
+        model, random_loader(4), ckpt_path=tmp_path / "a" / "step=2.ckpt"
+    )
+    saved = torch.load(tmp_path / "b" / "step=3.ckpt", weights_only=False).get("train_epoch_loss")
+    assert saved is not None and (saved["epoch"], saved["images"]) == (0, 3 * 6)
+
+
 @pytest.mark.parametrize(
     ("milestones", "warmup", "said"),
     [
