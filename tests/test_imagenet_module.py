@@ -863,7 +863,8 @@ def test_a_checkpoint_at_a_validation_inside_an_epoch_carries_the_epochs_loss_so
 def test_a_module_fitted_again_from_inside_an_epoch_saves_the_epochs_loss(tmp_path) -> None:
     """The same module object fitted a second time, from a checkpoint inside an epoch (Lightning then skips
     on_train_epoch_start): its checkpoints there carry the epoch's loss so far, though the first fit logged an epoch."""
-    options = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False, "limit_val_batches": 0}
+    options = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False, "limit_val_batches": 0,
+               "default_root_dir": tmp_path}  # fmt: skip
     every_step = {"filename": "{step}", "save_top_k": -1, "every_n_train_steps": 1, "monitor": None}
     first = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "a", **every_step)
     pl.Trainer(accelerator="cpu", max_steps=2, callbacks=[first], **options).fit(linear_classifier(), random_loader(4))
