@@ -25,7 +25,7 @@ from typing_extensions import override  # a dependency (pyproject.toml); Lightni
 from bad_image_policy import IGNORED_TARGET
 from callbacks.resumable_checkpoint import resume_at_the_next_epoch
 from lr_schedule import LRSchedule, lr_multiplier, trainer_steps_per_epoch, warn_of_a_schedule_past_the_end
-from step_metrics import LOGGED_METRICS, StepMetrics, WeightedMean, totals_over_ranks
+from step_metrics import LOGGED_METRICS, StepMetrics, WeightedMean
 from torchvision_models import build_model
 
 # Re-exported: other modules and tests import them from here (config_checks.py LOGGED_METRICS, tests lr_multiplier).
@@ -242,10 +242,6 @@ class ImageNetClassifier(pl.LightningModule):
         accumulate = trainer.accumulate_grad_batches if trainer is not None else 1
         return self.hparams.batch_size * world * accumulate
 
-    def steps_per_epoch(self) -> int:
-        """Optimizer steps per epoch, as the trainer will run them (limit_train_batches and accumulation included)."""
-        return trainer_steps_per_epoch(self.trainer)
-
     @override
     def configure_optimizers(self) -> Any:
         h = self.hparams
@@ -259,7 +255,7 @@ class ImageNetClassifier(pl.LightningModule):
             nesterov=h.nesterov,
             fused=True if fused else None,  # not False: with an explicit False torch runs its per-tensor loop
         )
-        schedule = self._lr_schedule.scheduler(optimizer, self.trainer, h, self.steps_per_epoch())
+        schedule = self._lr_schedule.scheduler(optimizer, self.trainer, h, trainer_steps_per_epoch(self.trainer))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}
 
     def _fused_sgd(self) -> bool:
@@ -327,10 +323,6 @@ class ImageNetClassifier(pl.LightningModule):
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._step_metrics.on_batch_end(self, batch_idx)
-
-    def _totals_over_ranks(self, sums: torch.Tensor, images: int) -> torch.Tensor:
-        """``sums`` followed by their image count, summed over every rank (``step_metrics.totals_over_ranks``)."""
-        return totals_over_ranks(self.trainer, sums, images)
 
     @override
     def on_validation_start(self) -> None:

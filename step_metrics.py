@@ -174,8 +174,7 @@ class StepMetrics:
     def log_interval(self, module: ImageNetClassifier, step: int, batch_idx: int, write: bool = False) -> None:
         """The interval's metrics, reduced over every rank (its one host sync), logged and printed; the sums reset.
         ``write``: to the loggers now, at a step where Lightning would not write them."""
-        # Through the module's method: a test wraps it to see where the reduction runs (tests/test_profiler_window.py).
-        totals = module._totals_over_ranks(self.sums[:3], self.interval_images)
+        totals = totals_over_ranks(module.trainer, self.sums[:3], self.interval_images)
         loss_sum, correct, correct5, count = totals.tolist()  # the interval's one host sync
         now = time.perf_counter()
         batch = module.global_batch_size()

@@ -111,16 +111,16 @@ def test_the_metrics_reduction_of_every_log_step_has_its_range(tmp_path, recorde
     # Lightning calls the module's on_train_batch_end after the callbacks' (the step's range is closed): the
     # reduction's kernels, all-reduce and host sync ran in no range (an nsys check with log_every_n_steps 5 counted
     # 2 kernels outside every range a log step). Now each is in `metrics`.
-    from imagenet_module import ImageNetClassifier
+    import step_metrics
 
     reduced_inside: list[list[str]] = []
-    original = ImageNetClassifier._totals_over_ranks
+    original = step_metrics.totals_over_ranks
 
-    def recording(self, sums, images):  # noqa: ANN001, ANN202
+    def recording(trainer, sums, images):  # noqa: ANN001, ANN202
         reduced_inside.append([name for kind, name in recorder.events if kind == "push"][-1:])
-        return original(self, sums, images)
+        return original(trainer, sums, images)
 
-    monkeypatch.setattr(ImageNetClassifier, "_totals_over_ranks", recording)
+    monkeypatch.setattr(step_metrics, "totals_over_ranks", recording)
     fit(tmp_path, ProfilerWindow(start_step=5, num_steps=1), max_steps=10, log_every_n_steps=2)
     top = [name for name, _ in recorder.tree()]
     # global_step 2, 4, 6 are log steps: after steps 1, 3 and 5; after step 0 the sums are reset.
