@@ -5,6 +5,7 @@ Written at the end of each profiling window (``--profile.report``, on by default
 
     python step_report.py runs/resnet50/version_0              # every trace and report under the run folder
     python step_report.py runs/.../traces/rank*_steps20-29.pt.trace.json --batch-size 224
+    python step_report.py --compare runs/before/version_0 runs/after/version_0   # two reports side by side
 
 Phases of an optimizer step, in the order they run on the main thread: ``data`` (waiting for the loader, issuing the
 copy of a later batch), ``forward``, ``backward``, ``optimizer`` and ``other`` (the rest of the step: zero_grad,
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import cuda_env
+import report_compare
 from atomic_files import atomic_write
 from report_render import between_text, markdown, ranks_text, render_png
 from trace_summary import INPUT_COPY_MIN_BYTES, PHASES, TRACE_NAME_RE, copy_stats, load_trace, summarize_trace
@@ -527,13 +529,47 @@ def _collect(paths: Sequence[str]) -> tuple[list[Path], list[Path]]:
     return list(dict.fromkeys(traces, None)), list(dict.fromkeys(reports, None))
 
 
+def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--compare A B``: prints report_compare's Markdown."""
+    if len(args.paths) != 2:
+        parser.error(f"--compare takes two reports, A then B; got {len(args.paths)}: {' '.join(args.paths)}")
+    if args.batch_size is not None or args.out is not None:
+        parser.error("--compare reads two finished reports: --batch-size and --out do not apply")
+    reports = []
+    try:
+        paths = [report_compare.find_report(path) for path in args.paths]
+        for path in paths:
+            try:
+                report = json.loads(path.read_text())
+                report["ranks"][0]["stats"]  # noqa: B018  (a report of build_report, not some other JSON)
+            except (ValueError, KeyError, IndexError, OSError, TypeError) as error:
+                raise report_compare.CompareError(
+                    f"{path}: not a step report ({type(error).__name__}: {error}); pass a step_report/window_*.json"
+                ) from error
+            reports.append(report)
+        result = report_compare.compare(*reports)
+    except report_compare.CompareError as error:
+        print(f"step_report: {error}", file=sys.stderr)
+        return 1
+    print(report_compare.markdown(result, (str(paths[0]), str(paths[1]))), end="")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: reports from Kineto traces (one per window, all ranks) and the summaries of earlier reports."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="run folders, Kineto traces (*.pt.trace.json[.gz]) or report JSONs")
     parser.add_argument("--batch-size", type=int, help="images per micro-batch per rank (default: the run's config)")
     parser.add_argument("--out", help="folder for reports made from traces (default: <run folder>/step_report)")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="compare two reports, A then B (report JSONs, or folders holding one each): settings that differ, "
+        "images/s and each phase's time side by side, and whether the change is clear of the steps' noise",
+    )
     args = parser.parse_args(argv)
+    if args.compare:
+        return _compare(parser, args)
     traces, reports = _collect(args.paths)
     if not traces and not reports:
         print(

@@ -72,6 +72,7 @@ class StepTimer:
         self._compile_tuning = False
         self._cpu_decoder: str | None = None
         self._decode_threads: int | None = None
+        self._setup: dict[str, Any] = {}
         self._between: dict[int, list[str]] = {}  # step -> the work between it and the next step (epoch end, ...)
         self._epoch_starts: set[int] = set()  # steps whose first fetch was an epoch's first (the loader refilling)
 
@@ -96,6 +97,7 @@ class StepTimer:
         data_hparams = getattr(getattr(trainer, "datamodule", None), "hparams", None) or {}
         decoder = data_hparams.get("cpu_decoder")
         self._cpu_decoder = decoder if isinstance(decoder, str) and self._input != "on-device" else None
+        self._setup = run_setup(trainer, hparams, data_hparams)
         prefetchers = find_prefetchers(loaders)
         if prefetchers:
             # The verdict's advice differs: an input stall with the GPU decoding is GPU time, not CPU cores; and it
@@ -244,6 +246,7 @@ class StepTimer:
             "decode_threads": self._decode_threads,
             "compile": self._compile,
             "compile_tuning": self._compile_tuning,
+            "setup": self._setup,
         }
         if steps:
             summary["window"] = [steps[0]["row"]["step"], steps[-1]["row"]["step"]]
@@ -299,6 +302,32 @@ class StepTimer:
         rank_zero_info("profile: " + "\n".join(step_report.summary_lines(result)))
         rank_zero_info(f"profile: step report written to {folder} ({', '.join(p.name for p in files)})")
         return result, files
+
+
+def run_setup(trainer: pl.Trainer, hparams: Any, data_hparams: Any) -> dict[str, Any]:
+    """What the window ran: recorded in the summary so that ``step_report.py --compare`` can say how two reports'
+    runs differ (a speed-up from bf16 is not one from a new kernel). ``None`` where a value is not known."""
+    device = trainer.strategy.root_device
+    return {
+        "arch": _typed(hparams.get("arch"), str),
+        "precision": _typed(getattr(trainer, "precision", None), str),
+        "channels_last": _typed(hparams.get("channels_last"), bool),
+        "batch_size": _typed(data_hparams.get("batch_size"), int),
+        "accumulate_grad_batches": _typed(getattr(trainer, "accumulate_grad_batches", None), int),
+        "world_size": _typed(getattr(trainer, "world_size", None), int),
+        # The GPU's model name (an H100 against an H200 is a difference to be told of); a test's stand-in CUDA
+        # device on a machine without one keeps its type.
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda" and torch.cuda.is_available()
+        else device.type,
+        "torch": torch.__version__,
+    }
+
+
+def _typed(value: Any, kind: type) -> Any:
+    """``value`` if it is a ``kind`` (a bool is no int here), else None."""
+    ok = type(value) is bool if kind is bool else isinstance(value, kind) and not isinstance(value, bool)
+    return value if ok else None
 
 
 def _steps(marks: list, host: list[float], gpu: list[float] | None, images: dict, offset: float) -> list[dict]:
