@@ -496,18 +496,47 @@ def write_report(report: dict, folder: str | Path, stem: str | None = None) -> l
 
 
 # --- command line ------------------------------------------------------------------------------------------------
-def _batch_size_from_config(trace: Path) -> int | None:
-    """``data.batch_size`` of the LightningCLI ``config.yaml`` of the run folder holding ``traces/``, if any."""
+def _run_config(trace: Path) -> dict:
+    """The LightningCLI ``config.yaml`` of the run folder holding ``traces/`` (or of the trace's own folder), as a
+    mapping; empty if there is none or it does not read as one."""
     import yaml  # jsonargparse's dependency: there wherever train.py runs
 
     for folder in (trace.parent.parent, trace.parent):
         config = folder / "config.yaml"
         if config.is_file():
-            data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
-            size = data.get("batch_size") or (data.get("init_args") or {}).get("batch_size")
-            if isinstance(size, int):
-                return size
-    return None
+            try:
+                content = yaml.safe_load(config.read_text())
+            except (OSError, yaml.YAMLError):
+                return {}
+            return content if isinstance(content, dict) else {}
+    return {}
+
+
+def _section(config: dict, name: str) -> dict:
+    """A config section's options (``init_args`` of a ``class_path`` form)."""
+    section = config.get(name)
+    if isinstance(section, dict) and isinstance(section.get("init_args"), dict):
+        section = section["init_args"]
+    return section if isinstance(section, dict) else {}
+
+
+def _batch_size_from_config(config: dict) -> int | None:
+    """``data.batch_size`` of a run's config, if any."""
+    size = _section(config, "data").get("batch_size")
+    return size if isinstance(size, int) else None
+
+
+def _setup_from_config(config: dict) -> dict:
+    """A report made from traces: the run's settings from its config, under the names the live report records
+    (``callbacks/step_timer.py``'s ``run_setup``); what only the live run knows (the GPU, torch, the world size) is
+    left out."""
+    setup = {f"{name}.{key}": value for name in ("model", "data") for key, value in _section(config, name).items()
+             if key != "class_path"}  # fmt: skip
+    trainer = _section(config, "trainer")
+    for key in ("precision", "accumulate_grad_batches"):
+        if trainer.get(key) is not None:
+            setup[f"trainer.{key}"] = trainer[key]
+    return setup
 
 
 def _collect(paths: Sequence[str]) -> tuple[list[Path], list[Path]]:
@@ -538,16 +567,27 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     reports = []
     try:
         paths = [report_compare.find_report(path) for path in args.paths]
+        if paths[0].resolve() == paths[1].resolve():
+            raise report_compare.CompareError(f"A and B are the same report, {paths[0]}: pass two")
         for path in paths:
             try:
                 report = json.loads(path.read_text())
-                report["ranks"][0]["stats"]  # noqa: B018  (a report of build_report, not some other JSON)
-            except (ValueError, KeyError, IndexError, OSError, TypeError) as error:
+                report_compare.check(report)
+            except (ValueError, OSError) as error:  # CompareError is a ValueError
+                reason = error if isinstance(error, report_compare.CompareError) else (
+                    f"not a step report ({type(error).__name__}: {error})")  # fmt: skip
                 raise report_compare.CompareError(
-                    f"{path}: not a step report ({type(error).__name__}: {error}); pass a step_report/window_*.json"
+                    f"{path}: {reason}; pass a step_report/window_*.json with finished steps"
                 ) from error
             reports.append(report)
-        result = report_compare.compare(*reports)
+        try:
+            result = report_compare.compare(*reports)
+        except (KeyError, TypeError, AttributeError, IndexError, ZeroDivisionError) as error:
+            # Each file read whole alone; a field only the other clock reads (the host's, beside a CPU report).
+            raise report_compare.CompareError(
+                f"{paths[0]} and {paths[1]} do not compare: {type(error).__name__}: {error} (a step report missing "
+                "a field)"
+            ) from error
     except report_compare.CompareError as error:
         print(f"step_report: {error}", file=sys.stderr)
         return 1
@@ -565,7 +605,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--compare",
         action="store_true",
         help="compare two reports, A then B (report JSONs, or folders holding one each): settings that differ, "
-        "images/s and each phase's time side by side, and whether the change is clear of the steps' noise",
+        "images/s and each phase's time side by side, and whether the change is clear of the window's step-to-step "
+        "spread",
     )
     args = parser.parse_args(argv)
     if args.compare:
@@ -594,9 +635,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         summaries = []
         for rank, trace in members:
-            batch = args.batch_size or _batch_size_from_config(trace)
+            config = _run_config(trace)
+            batch = args.batch_size or _batch_size_from_config(config)
             try:
                 summaries.append(summarize_trace(load_trace(trace), rank=rank, batch_size=batch))
+                if config:
+                    summaries[-1]["setup"] = _setup_from_config(config)
+                    if args.batch_size:
+                        summaries[-1]["setup"]["data.batch_size"] = args.batch_size
             except (ValueError, KeyError, OSError, TypeError, AttributeError) as error:
                 # A file that is JSON but not this app's trace (values of the wrong type, no ranges) included.
                 raise SystemExit(f"step_report: {trace}: {type(error).__name__}: {error}") from error

@@ -305,29 +305,41 @@ class StepTimer:
 
 
 def run_setup(trainer: pl.Trainer, hparams: Any, data_hparams: Any) -> dict[str, Any]:
-    """What the window ran: recorded in the summary so that ``step_report.py --compare`` can say how two reports'
-    runs differ (a speed-up from bf16 is not one from a new kernel). ``None`` where a value is not known."""
+    """What the window ran, recorded in the summary so that ``step_report.py --compare`` can say how two reports'
+    runs differ (a speed-up from bf16 is not one from a new kernel): every model and data option under its
+    command-line name (``model.arch``, ``data.crop_size``), the trainer's precision and accumulation, the world size,
+    the strategy, ``cudnn.benchmark``, the device and torch."""
     device = trainer.strategy.root_device
-    return {
-        "arch": _typed(hparams.get("arch"), str),
-        "precision": _typed(getattr(trainer, "precision", None), str),
-        "channels_last": _typed(hparams.get("channels_last"), bool),
-        "batch_size": _typed(data_hparams.get("batch_size"), int),
-        "accumulate_grad_batches": _typed(getattr(trainer, "accumulate_grad_batches", None), int),
-        "world_size": _typed(getattr(trainer, "world_size", None), int),
-        # The GPU's model name (an H100 against an H200 is a difference to be told of); a test's stand-in CUDA
-        # device on a machine without one keeps its type.
-        "device_name": torch.cuda.get_device_name(device)
-        if device.type == "cuda" and torch.cuda.is_available()
-        else device.type,
-        "torch": torch.__version__,
-    }
+    setup = {f"model.{key}": _plain(value) for key, value in dict(hparams).items()}
+    setup.update({f"data.{key}": _plain(value) for key, value in dict(data_hparams).items()})
+    setup.update(
+        {
+            "trainer.precision": _plain(getattr(trainer, "precision", None)),
+            "trainer.accumulate_grad_batches": _plain(getattr(trainer, "accumulate_grad_batches", None)),
+            "world_size": _plain(getattr(trainer, "world_size", None)),
+            "strategy": type(trainer.strategy).__name__,
+            "cudnn.benchmark": torch.backends.cudnn.benchmark,
+            # The GPU's model name (an H100 against an H200 is a difference to be told of); a test's stand-in CUDA
+            # device on a machine without one keeps its type.
+            "device_name": torch.cuda.get_device_name(device)
+            if device.type == "cuda" and torch.cuda.is_available()
+            else device.type,
+            "torch": torch.__version__,
+        }
+    )
+    return setup
 
 
-def _typed(value: Any, kind: type) -> Any:
-    """``value`` if it is a ``kind`` (a bool is no int here), else None."""
-    ok = type(value) is bool if kind is bool else isinstance(value, kind) and not isinstance(value, bool)
-    return value if ok else None
+def _plain(value: Any) -> Any:
+    """``value`` as JSON writes it back unchanged: scalars as they are, sequences and mappings element by element,
+    anything else (a ``Path``, an enum) as its string."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    return str(value)
 
 
 def _steps(marks: list, host: list[float], gpu: list[float] | None, images: dict, offset: float) -> list[dict]:

@@ -17,13 +17,14 @@ from callbacks import ProfilerWindow
 from step_report import build_report
 
 
-def summary(forward: list[float], gpu: bool = True, setup: dict | None = None, **fields: object) -> dict:
+def summary(forward: list[float], gpu: bool = True, setup: dict | None = None, images: int = 256,
+            **fields: object) -> dict:  # fmt: skip
     """A rank summary with one step per entry of ``forward`` (ms): data 1, backward 50, optimizer 5, other 2 ms."""
     rows = []
     for i, ms in enumerate(forward):
         times = {"data": 1.0, "forward": ms, "backward": 50.0, "optimizer": 5.0, "other": 2.0}
         times["total"] = sum(times.values())
-        rows.append({"step": 20 + i, "images": 256, "host": dict(times), "gpu": dict(times) if gpu else None,
+        rows.append({"step": 20 + i, "images": images, "host": dict(times), "gpu": dict(times) if gpu else None,
                      "h2d": None, "lag": 5.0 if gpu else None})  # fmt: skip
     out = {
         "rank": 0, "device": "cuda:0" if gpu else "cpu", "source": "events" if gpu else "host",
@@ -38,34 +39,66 @@ def summary(forward: list[float], gpu: bool = True, setup: dict | None = None, *
     return out
 
 
-SETUP = {"arch": "resnet50", "precision": "bf16-mixed", "channels_last": True, "batch_size": 256,
-         "accumulate_grad_batches": 1, "world_size": 1, "device_name": "NVIDIA H200", "torch": "2.11.0"}  # fmt: skip
+SETUP = {"model.arch": "resnet50", "model.channels_last": True, "data.batch_size": 256, "data.crop_size": 224,
+         "trainer.precision": "bf16-mixed", "trainer.accumulate_grad_batches": 1, "world_size": 1,
+         "device_name": "NVIDIA H200", "torch": "2.11.0"}  # fmt: skip
 JITTER = [0.0, 0.3, -0.2, 0.1, -0.3, 0.2, -0.1, 0.0, 0.25, -0.25]
 
 
-def test_a_shorter_forward_is_named_as_the_change_with_its_speedup_and_called_clear_of_noise():
+def test_a_shorter_forward_is_named_as_the_change_with_its_speedup_and_called_clear_of_the_spread():
     a = build_report([summary([40 + j for j in JITTER], setup=SETUP)])
     b = build_report([summary([30 + j for j in JITTER], setup=SETUP)])
     result = report_compare.compare(a, b)
-    assert result["clock"] == "gpu" and result["differences"] == []
-    assert result["change_ms"]["forward"] == pytest.approx(-10.0) and result["change_ms"]["total"] == pytest.approx(-10)
-    assert result["change_ms"]["backward"] == 0 and result["largest"] == "forward"
+    assert result["clock"] == "gpu" and result["unit"] == "ms" and result["differences"] == []
+    assert result["change"]["forward"] == pytest.approx(-10.0) and result["change"]["total"] == pytest.approx(-10)
+    assert result["change"]["backward"] == 0 and result["largest"] == "forward"
     assert result["speedup"] == pytest.approx(98 / 88, rel=1e-3)  # 256 images per 98 ms against per 88 ms
     assert result["b_shorter_share"] == 1.0
     text = report_compare.markdown(result, ("a.json", "b.json"))
     assert "Largest change: forward -10.000 ms, 100% of the step's change." in text
     assert "B's step is shorter than A's in 100% of step pairs (A 97.70-98.30 ms over 10 steps, B 87.70-88.30" in text
-    assert "clear of the noise" in text
+    # What the share measures, and what it cannot: two runs of one command differ more than steps of one window.
+    assert "clear of the window's step-to-step spread; run-to-run variation is not measured (run A again)" in text
     assert "| forward, mean (ms) | 40.000 | 30.000 | -10.000 | 0.750 |" in text
     assert "| step, mean (ms) | 98.000 | 88.000 | -10.000 | 0.898 |" in text
-    assert "The same settings as far as both reports record them: arch resnet50, precision bf16-mixed" in text
+    assert "| data, mean (ms) | 1.000 | 1.000 | +0.000 | 1.000 |" in text  # a zero change is never "-0.000"
+    assert "No setting differs of the 11 both reports record: model.arch resnet50, trainer.precision bf16-mixed" in text
     # The other way round: B slower, as clearly.
     assert "B's step is longer than A's in 100% of step pairs" in report_compare.markdown(
         report_compare.compare(b, a), ("b.json", "a.json")
     )
 
 
-def test_a_change_inside_the_steps_spread_is_called_noise():
+def test_steps_of_another_number_of_images_are_compared_per_image():
+    """A smaller batch's shorter step is no gain: B's 96-image steps of 68 ms are 0.708 ms an image against A's
+    0.383 (256 images in 98 ms), so B is slower, and the phases and the spread say so per image."""
+    a = build_report([summary([40 + j for j in JITTER], setup=SETUP)])
+    b = build_report([summary([10 + j for j in JITTER], setup=dict(SETUP, **{"data.batch_size": 96}), images=96)])
+    result = report_compare.compare(a, b)
+    assert result["unit"] == "us/image" and result["speedup"] == pytest.approx(0.540, abs=1e-3)
+    assert result["phases"]["A"]["total"] == pytest.approx(98 / 256 * 1000, rel=1e-3)
+    assert result["phases"]["B"]["total"] == pytest.approx(68 / 96 * 1000, rel=1e-3)
+    assert result["largest"] == "backward"  # 50 ms over 96 images against over 256
+    assert result["b_shorter_share"] == 0.0
+    text = report_compare.markdown(result, ("a", "b"))
+    assert "Settings that differ: data.batch_size 256 -> 96" in text
+    assert "times are per image (us), not per step" in text and "| step, mean (us/image) |" in text
+    assert "B's step is longer than A's in 100% of step pairs" in text
+
+
+def test_ranks_of_one_step_count_as_one_step():
+    """Under DDP every rank's step ends together: two ranks' 3 steps are 3 steps, too few to judge."""
+    a = build_report([summary([40.0, 40.2, 39.8]), summary([40.0, 40.2, 39.8], rank=1)])
+    b = build_report([summary([30.0, 30.2, 29.8]), summary([30.0, 30.2, 29.8], rank=1)])
+    result = report_compare.compare(a, b)
+    assert result["steps"]["A"]["count"] == 3 and result["b_shorter_share"] is None
+    assert "too few steps to judge the spread (3; 5 or more a report)" in report_compare.markdown(result, ("a", "b"))
+    # Two ranks whose phases differ (one waits longer for data): the step's phases are their mean.
+    c = build_report([summary([40.0] * 6), summary([44.0] * 6, rank=1)])
+    assert report_compare.compare(c, c)["phases"]["A"]["forward"] == 42.0
+
+
+def test_a_change_inside_the_steps_spread_is_said_so():
     steps = [40 + 3 * j for j in JITTER]
     a = build_report([summary(steps)])
     b = build_report([summary([s + 0.1 for s in reversed(steps)])])
@@ -76,26 +109,37 @@ def test_a_change_inside_the_steps_spread_is_called_noise():
     assert "within the steps' spread; repeat both runs" in text
 
 
-def test_too_few_steps_to_judge_the_noise_is_said():
+def test_too_few_steps_to_judge_the_spread_is_said():
     result = report_compare.compare(build_report([summary([40, 40, 40])]), build_report([summary([30] * 10)]))
     assert result["b_shorter_share"] is None
-    assert "too few steps to judge the noise (3; 5 or more a report)" in report_compare.markdown(result, ("a", "b"))
+    assert "too few steps to judge the spread (3; 5 or more a report)" in report_compare.markdown(result, ("a", "b"))
 
 
-def test_settings_that_differ_are_listed_and_a_report_without_them_is_said_so():
-    bf16 = dict(SETUP, precision="16-mixed")
-    a = build_report([summary([40] * 6, setup=bf16)])
+def test_settings_that_differ_or_that_one_report_lacks_are_named():
+    a = build_report([summary([40] * 6, setup=dict(SETUP, **{"trainer.precision": "16-mixed"}))])
     b = build_report([summary([30] * 6, setup=SETUP, compile="reduce-overhead")])
     result = report_compare.compare(a, b)
-    assert result["differences"] == [("precision", "16-mixed", "bf16-mixed"), ("compile", None, "reduce-overhead")]
+    assert result["differences"] == [("trainer.precision", "16-mixed", "bf16-mixed"),
+                                      ("model.compile", None, "reduce-overhead")]  # fmt: skip
     text = report_compare.markdown(result, ("a", "b"))
-    assert "Settings that differ: precision 16-mixed -> bf16-mixed; compile none -> reduce-overhead" in text
-    # A report from before the settings were recorded (no setup): only what both record is compared.
+    assert (
+        "Settings that differ: trainer.precision 16-mixed -> bf16-mixed; model.compile none -> reduce-overhead" in text
+    )
+    # A report from before the settings were recorded: its compile mode and input path, the rest named as not compared.
     old = build_report([summary([40] * 6)])
-    assert report_compare.compare(old, b)["differences"] == [("compile", None, "reduce-overhead")]
-    bare = build_report([{k: v for k, v in summary([40] * 6).items() if k not in report_compare.SUMMARY_KEYS}])
-    text = report_compare.markdown(report_compare.compare(bare, b), ("a", "b"))
-    assert "Settings: not recorded in A (a report from before" in text
+    result = report_compare.compare(old, b)
+    assert result["differences"] == [("model.compile", None, "reduce-overhead")]
+    text = report_compare.markdown(result, ("a", "b"))
+    assert (
+        "Not compared, recorded in B only: model.arch, model.channels_last, data.batch_size, data.crop_size, " in text
+    )
+    assert "and 1 more." in text
+    # A report made from a Kineto trace: "trace" is how it was made, not what fed the steps.
+    trace = {k: v for k, v in summary([40] * 6).items() if k not in report_compare.SUMMARY_SETTINGS}
+    trace["input"] = "trace"
+    text = report_compare.markdown(report_compare.compare(build_report([trace]), b), ("a", "b"))
+    assert "A records no settings (a report made from Kineto traces has its run's config.yaml's" in text
+    assert "input" not in report_compare.settings(build_report([trace]))
 
 
 def test_ranks_that_disagree_on_a_setting_show_both_values():
@@ -103,16 +147,21 @@ def test_ranks_that_disagree_on_a_setting_show_both_values():
     assert report_compare.settings(report)["torch"] == "2.11.0/2.9"
 
 
-def test_a_report_without_a_gpu_clock_moves_both_onto_the_hosts():
+def test_a_report_without_a_gpu_clock_moves_both_onto_the_hosts_figures():
     gpu = build_report([summary([40] * 6)])
-    for step in gpu["ranks"][0]["steps"]:  # the GPU ran behind: its clock differs from the host's
-        step["gpu"]["forward"] += 5
-        step["gpu"]["total"] += 5
+    for rank in (gpu,):  # the GPU ran 40 ms behind the host: its clock, and the report's headline rate, differ
+        for step in rank["ranks"][0]["steps"]:
+            step["gpu"]["forward"] += 40
+            step["gpu"]["total"] += 40
+        rank["ranks"][0]["gpu_wall_ms"] = 6 * 138.0
+    gpu = build_report(gpu["ranks"])
     cpu = build_report([summary([40] * 6, gpu=False)])
     result = report_compare.compare(gpu, cpu)
-    assert result["clock"] == "host" and result["change_ms"]["total"] == 0  # the host's times are equal
-    assert result["notes"][0] == "B has no GPU clock (a CPU run, or a rank without CUDA events): compared on the host's"
-    assert "images/s on different clocks: A's gpu, B's host" in result["notes"]
+    assert result["clock"] == "host" and result["change"]["total"] == 0  # the host's times are equal
+    assert result["images_per_s"]["A"] == result["images_per_s"]["B"] == pytest.approx(256 / 0.098, rel=1e-3)
+    assert gpu["overall"]["images_per_s"] == pytest.approx(256 / 0.138, rel=1e-3)  # the GPU's, not compared
+    assert result["data_pct"] == {"A": pytest.approx(100 / 98, abs=0.01), "B": pytest.approx(100 / 98, abs=0.01)}
+    assert result["notes"] == ["B has no GPU clock (a CPU run, or a rank without CUDA events): compared on the host's"]
     assert "| host clock |" in report_compare.markdown(result, ("a", "b"))
 
 
@@ -122,70 +171,12 @@ def test_a_report_without_a_finished_step_is_refused_by_name():
         report_compare.compare(build_report([summary([40] * 6)]), empty)
 
 
-def write(folder: Path, report: dict, name: str = "window_20-29.json") -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    path.write_text(json.dumps(report))
-    return path
-
-
-def test_command_line_compares_two_run_folders_and_refuses_what_it_cannot_compare(tmp_path, capsys):
-    a = write(tmp_path / "a" / "step_report", build_report([summary([40 + j for j in JITTER], setup=SETUP)]))
-    b = write(tmp_path / "b" / "step_report", build_report([summary([30 + j for j in JITTER], setup=SETUP)]))
-    assert step_report.main(["--compare", str(tmp_path / "a"), str(b)]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith(f"# Step reports compared\n\n- A: `{a}` (steps 20-29)\n- B: `{b}` (steps 20-29)")
-    assert "| images/s | 2,612.2 | 2,909.1 | +296.9 | 1.114 |" in out
-    # A folder with two reports (a live one and one made from its traces): which one is meant is asked.
-    second = write(tmp_path / "a" / "step_report", build_report([summary([40] * 6)]), "window_20-29.kineto.json")
-    assert step_report.main(["--compare", str(tmp_path / "a"), str(b)]) == 1
-    assert f"{tmp_path / 'a'} holds 2 step reports; pass one of: {a}, {second}" in capsys.readouterr().err
-    (tmp_path / "traces_only").mkdir()
-    assert step_report.main(["--compare", str(tmp_path / "traces_only"), str(b)]) == 1
-    err = capsys.readouterr().err
-    assert f"no step report (step_report/window_*.json) in {tmp_path / 'traces_only'}" in err
-    assert f"python step_report.py {tmp_path / 'traces_only'} first" in err
-    assert step_report.main(["--compare", str(tmp_path / "missing"), str(b)]) == 1
-    assert f"{tmp_path / 'missing'} does not exist" in capsys.readouterr().err
-    not_report = tmp_path / "config.json"
-    not_report.write_text('{"data": 1}')
-    assert step_report.main(["--compare", str(not_report), str(b)]) == 1
-    assert f"step_report: {not_report}: not a step report (KeyError" in capsys.readouterr().err
-    empty = write(tmp_path / "c", build_report([summary([])]))
-    assert step_report.main(["--compare", str(a), str(empty)]) == 1
-    assert "step_report: B has no finished step" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exit_info:
-        step_report.main(["--compare", str(a)])
-    assert exit_info.value.code == 2
-    assert "--compare takes two reports, A then B; got 1" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        step_report.main(["--compare", str(a), str(b), "--out", str(tmp_path)])
-    assert "--batch-size and --out do not apply" in capsys.readouterr().err
-
-
-def test_two_real_cpu_runs_reports_record_their_settings_and_compare(tmp_path, capsys):
-    """Two CPU fits with a window, the second in bf16: each report records what ran, and the comparison names the
-    difference and compares them on the host's clock."""
-    for name, precision in (("a", "32-true"), ("b", "bf16-mixed")):
-        fit_with_window(tmp_path / name, ProfilerWindow(start_step=2, num_steps=5), max_steps=8, precision=precision)
-    (report,) = (tmp_path / "a").rglob("step_report/window_2-6.json")
-    setup = json.loads(report.read_text())["ranks"][0]["setup"]
-    assert setup == {"arch": "resnet18", "precision": "32-true", "channels_last": setup["channels_last"],
-                     "batch_size": 4, "accumulate_grad_batches": 1, "world_size": 1, "device_name": "cpu",
-                     "torch": torch.__version__}  # fmt: skip
-    assert isinstance(setup["channels_last"], bool)
-    assert step_report.main(["--compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
-    out = capsys.readouterr().out
-    assert "Settings that differ: precision 32-true -> bf16-mixed" in out and "| host clock |" in out
-    assert "Noise: B's step is" in out
-
-
 @pytest.mark.parametrize(
     ("a_forward", "b_forward", "b_backward", "said"),
     [
         (40.0, 30.0, 50.0, "Largest change: forward -10.000 ms, 100% of the step's change."),
-        # Two eager runs on an H200: a 0.03% step change is no change to split into phases.
-        (40.0, 40.02, 50.0, "Largest change: forward +0.020 ms (the step +0.020 ms: unchanged within 0.5%)."),
+        # Two eager runs on an H200: a 0.03% step change is not split into phases.
+        (40.0, 40.02, 50.0, "Largest change: forward +0.020 ms (the step +0.020 ms: under 0.5% of A's, not split"),
         # One phase down, another up: the step's own change, not a share above 100%.
         (40.0, 30.0, 58.0, "Largest change: forward -10.000 ms (the step -2.000 ms: the other phases moved the other"),
     ],
@@ -204,11 +195,11 @@ def test_the_largest_changes_share_of_the_step_is_given_only_where_it_means_some
 def test_a_largest_phase_against_the_steps_sign_is_no_share_of_it():
     # forward -1 ms while the four other phases gain 0.9 ms each: the step +2.6 ms, forward still the largest change.
     change = {"data": 0.9, "forward": -1.0, "backward": 0.9, "optimizer": 0.9, "other": 0.9, "total": 2.6}
-    result = {"change_ms": change, "largest": "forward", "phase_ms": {"A": {"total": 100.0}}}
+    result = {"change": change, "largest": "forward", "phases": {"A": {"total": 100.0}}, "unit": "ms"}
     assert report_compare.share_text(result) == " (the step +2.600 ms: the other phases moved the other way)"
 
 
-def test_the_noise_call_counts_ties_as_half_and_calls_ninety_percent_clear():
+def test_the_spread_call_counts_ties_as_half_and_calls_ninety_percent_clear():
     assert report_compare.shorter_share([40.0] * 6, [40.0] * 6) == 0.5
     # Nine of B's ten steps beat every step of A, the tenth none: 90 of 100 pairs, exactly the threshold.
     a = build_report([summary([40.0] * 10)])
@@ -218,3 +209,121 @@ def test_the_noise_call_counts_ties_as_half_and_calls_ninety_percent_clear():
     assert "in 90% of step pairs (A 98.00-98.00 ms over 10 steps, B 88.00-108.00 ms over 10 steps): clear of the" in (
         report_compare.markdown(result, ("a", "b"))
     )
+
+
+def write(folder: Path, report: dict, name: str = "window_20-29.json") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_command_line_compares_two_run_folders_and_refuses_what_it_cannot_compare(tmp_path, capsys):
+    a = write(tmp_path / "a" / "step_report", build_report([summary([40 + j for j in JITTER], setup=SETUP)]))
+    b = write(tmp_path / "b" / "step_report", build_report([summary([30 + j for j in JITTER], setup=SETUP)]))
+    assert step_report.main(["--compare", str(tmp_path / "a"), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"# Step reports compared\n\n- A: `{a}` (steps 20-29)\n- B: `{b}` (steps 20-29)")
+    assert "| images/s | 2,612.2 | 2,909.1 | +296.9 | 1.114 |" in out
+    assert report_compare._signed(1992.71, 1) == "+1,992.7" and report_compare._signed(-0.0004) == "+0.000"
+    # A folder with two reports (a live one and one made from its traces): which one is meant is asked.
+    second = write(tmp_path / "a" / "step_report", build_report([summary([40] * 6)]), "window_20-29.kineto.json")
+    assert step_report.main(["--compare", str(tmp_path / "a"), str(b)]) == 1
+    assert f"{tmp_path / 'a'} holds 2 step reports; pass one of: {a}, {second}" in capsys.readouterr().err
+    (tmp_path / "traces_only").mkdir()
+    assert step_report.main(["--compare", str(tmp_path / "traces_only"), str(b)]) == 1
+    err = capsys.readouterr().err
+    assert f"no step report (step_report/window_*.json) in {tmp_path / 'traces_only'}" in err
+    assert f"python step_report.py {tmp_path / 'traces_only'} first" in err
+    assert step_report.main(["--compare", str(tmp_path / "missing"), str(b)]) == 1
+    assert f"{tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+    assert step_report.main(["--compare", str(b), str(tmp_path / "b")]) == 1
+    assert f"step_report: A and B are the same report, {b}: pass two" in capsys.readouterr().err
+    empty = write(tmp_path / "c", build_report([summary([])]))
+    assert step_report.main(["--compare", str(a), str(empty)]) == 1
+    assert f"step_report: {empty}: has no finished step" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        step_report.main(["--compare", str(a)])
+    assert exit_info.value.code == 2
+    assert "--compare takes two reports, A then B; got 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        step_report.main(["--compare", str(a), str(b), "--out", str(tmp_path)])
+    assert "--batch-size and --out do not apply" in capsys.readouterr().err
+
+
+def _broken(report: dict, how: str) -> object:
+    report = json.loads(json.dumps(report))
+    if how == "a JSON that is no report":
+        return {"data": 1}
+    if how == "a rank without steps' fields":
+        report["ranks"] = [{"stats": {}, "steps": [{"step": 1}]}]
+    elif how == "no verdict":
+        del report["verdict"]
+    elif how == "overall null":
+        report["overall"] = None
+    elif how == "a phase null":
+        report["ranks"][0]["steps"][0]["gpu"]["forward"] = None
+    elif how == "no clocks":
+        del report["ranks"][0]["stats"]["clocks"]
+    return report
+
+
+@pytest.mark.parametrize(
+    "how", ["a JSON that is no report", "a rank without steps' fields", "no verdict", "overall null", "a phase null",
+            "no clocks"],
+)  # fmt: skip
+def test_a_report_missing_a_field_is_refused_in_one_line_naming_the_file(tmp_path, capsys, how):
+    good = write(tmp_path / "a", build_report([summary([40] * 6)]))
+    bad = write(tmp_path / "b", _broken(build_report([summary([40] * 6)]), how))
+    assert step_report.main(["--compare", str(good), str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"step_report: {bad}: ") and err.count("\n") == 1, err
+    assert "pass a step_report/window_*.json with finished steps" in err
+
+
+def test_two_real_cpu_runs_reports_record_their_settings_and_compare(tmp_path, capsys):
+    """Two CPU fits with a window, the second in bf16 with another crop: each report records every model and data
+    option, the trainer's, the device's and torch's, and the comparison names the differences on the host's clock."""
+    for name, precision in (("a", "32-true"), ("b", "bf16-mixed")):
+        fit_with_window(tmp_path / name, ProfilerWindow(start_step=2, num_steps=5), max_steps=8, precision=precision)
+    (report,) = (tmp_path / "a").rglob("step_report/window_2-6.json")
+    setup = json.loads(report.read_text())["ranks"][0]["setup"]
+    assert {k: setup[k] for k in ("model.arch", "data.batch_size", "data.crop_size", "data.source", "model.fused_sgd",
+                                  "trainer.precision", "trainer.accumulate_grad_batches", "world_size", "device_name",
+                                  "torch", "strategy", "cudnn.benchmark")} == {
+        "model.arch": "resnet18", "data.batch_size": 4, "data.crop_size": 32, "data.source": "synthetic",
+        "model.fused_sgd": None, "trainer.precision": "32-true", "trainer.accumulate_grad_batches": 1,
+        "world_size": 1, "device_name": "cpu", "torch": torch.__version__, "strategy": "SingleDeviceStrategy",
+        "cudnn.benchmark": False,
+    }  # fmt: skip
+    assert json.loads(json.dumps(setup)) == setup  # every value as JSON writes it back (a Path root as its string)
+    assert step_report.main(["--compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "Settings that differ: data.root " in out and "; trainer.precision 32-true -> bf16-mixed" in out
+    assert "| host clock |" in out and "Spread: B's step is" in out
+
+
+def test_a_report_made_from_kineto_traces_takes_its_settings_from_the_runs_config(tmp_path, capsys):
+    """``python step_report.py RUN`` on traces: the run's config.yaml gives the report the settings a live one
+    records under the same names, so a live report and a trace's compare on them."""
+    run = tmp_path / "run"
+    window = ProfilerWindow(start_step=2, num_steps=5, torch_profiler=True, trace_dir=str(run / "traces"),
+                            report=False)  # fmt: skip
+    fit_with_window(run, window, max_steps=8)
+    (run / "config.yaml").write_text(
+        "trainer:\n  precision: bf16-mixed\n  accumulate_grad_batches: 1\nmodel:\n  arch: resnet18\n"
+        "  channels_last: false\ndata:\n  class_path: datamodule.ImageNetDataModule\n  init_args:\n    batch_size: 4\n"
+        "    crop_size: 32\n"
+    )
+    assert step_report.main([str(run)]) == 0
+    (made,) = run.rglob("window_2-6.kineto.json")
+    assert json.loads(made.read_text())["ranks"][0]["setup"] == {
+        "model.arch": "resnet18", "model.channels_last": False, "data.batch_size": 4, "data.crop_size": 32,
+        "trainer.precision": "bf16-mixed", "trainer.accumulate_grad_batches": 1,
+    }  # fmt: skip
+    fit_with_window(tmp_path / "live", ProfilerWindow(start_step=2, num_steps=5), max_steps=8)
+    capsys.readouterr()
+    assert step_report.main(["--compare", str(tmp_path / "live"), str(made)]) == 0
+    out = capsys.readouterr().out
+    assert "Settings that differ: trainer.precision 32-true -> bf16-mixed" in out
+    assert "Not compared, recorded in A only: " in out and "input" not in out.split("Not compared")[0]
