@@ -10,6 +10,13 @@ pooling; Triton kernels when compiled), which bounds what faster kernels of each
 Under CUDA graphs (``model.compile: reduce-overhead``) nsys sees the kernels inside a replayed graph only with
 ``--cuda-graph-trace=node``. Prints two Markdown tables: per class, ms per step, share and kernels per step; then the
 longest kernels by total time.
+
+Before and after a change, the kernel side of ``step_report.py --compare`` (which says which phase moved)::
+
+    python bench/kernel_classes.py before_cuda_gpu_kern_sum.csv --steps 5 --compare after_cuda_gpu_kern_sum.csv
+
+prints each class's ms a step in both, their difference and ratio, then the kernels whose time a step changed most
+(``new`` and ``gone`` for kernels only one report ran: a compiled model's Triton kernels against eager ATen ones).
 """
 
 from __future__ import annotations
@@ -78,6 +85,54 @@ def by_class(kernels: list[tuple[str, float, int]], steps: int) -> list[tuple[st
     return sorted(rows, key=lambda row: -row[1])
 
 
+def compare_classes(a: list[tuple[str, float, int]], b: list[tuple[str, float, int]], steps_a: int, steps_b: int
+                    ) -> list[tuple[str, float, float]]:  # fmt: skip
+    """``(class, A's ms a step, B's)`` for every class either ran, B's largest change first, then ``all kernels``."""
+    ms_a = {label: ms for label, ms, _, _ in by_class(a, steps_a)}
+    ms_b = {label: ms for label, ms, _, _ in by_class(b, steps_b)}
+    rows = [(label, ms_a.get(label, 0.0), ms_b.get(label, 0.0)) for label in dict.fromkeys([*ms_a, *ms_b])]
+    rows.sort(key=lambda row: -abs(row[2] - row[1]))
+    return [*rows, ("all kernels", sum(ms_a.values()), sum(ms_b.values()))]
+
+
+def kernel_changes(a: list[tuple[str, float, int]], b: list[tuple[str, float, int]], steps_a: int, steps_b: int,
+                   top: int) -> list[tuple[str, float, float, str]]:  # fmt: skip
+    """``(name, A's ms a step, B's, status)`` of the ``top`` kernels whose time a step changed most; status ``new``
+    (only B ran it), ``gone`` (only A) or empty. Kernels of one name are summed (nsys lists one row per name)."""
+    ms_a: dict[str, float] = {}
+    ms_b: dict[str, float] = {}
+    for kernels, ms, steps in ((a, ms_a, steps_a), (b, ms_b, steps_b)):
+        for name, ns, _ in kernels:
+            ms[name] = ms.get(name, 0.0) + ns / 1e6 / steps
+    names = sorted(dict.fromkeys([*ms_a, *ms_b]), key=lambda n: -abs(ms_b.get(n, 0.0) - ms_a.get(n, 0.0)))
+    return [
+        (
+            name,
+            ms_a.get(name, 0.0),
+            ms_b.get(name, 0.0),
+            "new" if name not in ms_a else "gone" if name not in ms_b else "",
+        )
+        for name in names[:top]
+    ]
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{b / a:.3f}" if a > 0 else "-"
+
+
+def _print_comparison(a: list, b: list, args: argparse.Namespace) -> None:
+    steps_b = args.steps_b or args.steps
+    print(f"A: {args.csv} ({args.steps} steps), B: {args.compare} ({steps_b} steps)\n")
+    print("| kernels | A ms a step | B ms a step | B - A | B / A |\n|---|---|---|---|---|")
+    for label, ms_a, ms_b in compare_classes(a, b, args.steps, steps_b):
+        print(f"| {label} | {ms_a:.2f} | {ms_b:.2f} | {ms_b - ms_a:+.2f} | {_ratio(ms_a, ms_b)} |")
+    if args.top:
+        print("\n| kernels that changed most | A ms a step | B ms a step | B - A | |\n|---|---|---|---|---|")
+        for name, ms_a, ms_b, status in kernel_changes(a, b, args.steps, steps_b, args.top):
+            short = name if len(name) <= 90 else name[:87] + "..."
+            print(f"| `{short}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} | {status} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csv", type=Path, help="nsys stats --report cuda_gpu_kern_sum --format csv output")
@@ -88,16 +143,30 @@ def main(argv: list[str] | None = None) -> int:
         help="training steps the report holds (the window's length); nsys sums every process it traced, so for a "
         "report of N ranks give steps x N for the time a step per GPU",
     )
-    p.add_argument("--top", type=int, default=10, help="longest kernels to list by total time")
+    p.add_argument("--top", type=int, default=10, help="longest kernels to list by total time (with --compare: the "
+                   "kernels whose time changed most)")  # fmt: skip
+    p.add_argument("--compare", type=Path, metavar="CSV_B", help="a second kernel summary (B) to compare the first (A) "
+                   "with, class by class and kernel by kernel")  # fmt: skip
+    p.add_argument("--steps-b", type=int, help="steps B's report holds, when not --steps")
     a = p.parse_args(argv)
-    if a.steps < 1 or a.top < 0:
-        p.error(f"--steps must be >= 1 and --top >= 0 (got {a.steps}, {a.top})")
-    try:
-        kernels = read_summary(a.csv)
-    except (OSError, ValueError) as error:
-        sys.exit(f"kernel_classes: {error}")
-    if not kernels:
-        sys.exit(f"kernel_classes: {a.csv} lists no kernels (was the window captured with -t cuda?)")
+    if a.steps < 1 or a.top < 0 or (a.steps_b is not None and a.steps_b < 1):
+        p.error(f"--steps must be >= 1, as must --steps-b, and --top >= 0 (got --steps {a.steps}, --steps-b "
+                f"{a.steps_b}, --top {a.top})")  # fmt: skip
+    if a.steps_b is not None and a.compare is None:
+        p.error("--steps-b is B's step count: it needs --compare CSV_B")
+    summaries = []
+    for path in (a.csv, *([a.compare] if a.compare else [])):
+        try:
+            kernels = read_summary(path)
+        except (OSError, ValueError) as error:
+            sys.exit(f"kernel_classes: {error}")
+        if not kernels:
+            sys.exit(f"kernel_classes: {path} lists no kernels (was the window captured with -t cuda?)")
+        summaries.append(kernels)
+    if a.compare:
+        _print_comparison(*summaries, a)
+        return 0
+    kernels = summaries[0]
     rows = by_class(kernels, a.steps)
     print(f"{sum(ms for _, ms, _, _ in rows):.2f} ms of kernels a step ({a.steps} steps)\n")
     print("| kernels | ms a step | share | kernels a step |\n|---|---|---|---|")

@@ -98,3 +98,52 @@ def test_the_tables_and_the_errors_of_the_command_line(classes, summary: Path, t
     with pytest.raises(SystemExit):
         classes.main([str(summary), "--steps", "0"])
     assert "--steps must be >= 1" in capsys.readouterr().err
+
+
+def write_summary(path: Path, kernels: list[tuple[str, int, int]]) -> Path:
+    total = sum(ns for _, ns, _ in kernels)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(HEADER)
+        for name, ns, n in sorted(kernels, key=lambda k: -k[1]):
+            writer.writerow([round(100 * ns / total, 1), ns, n, ns / n, ns / n, ns / n, ns / n, 0, name])
+    return path
+
+
+def test_two_summaries_compared_by_class_and_by_kernel(classes, summary: Path, tmp_path: Path, capsys) -> None:
+    """B: the convolutions 1 ms a step faster, the Triton pointwise kernel gone, a new ATen add, over 4 steps."""
+    after = [(name, ns * 2, n * 2) for name, ns, n in KERNELS if not name.startswith("triton_poi")]  # 4 steps
+    after[0] = (after[0][0], after[0][1] - 4_000_000, after[0][2])  # cuDNN's fprop: 3 ms a step -> 2
+    after.append(
+        ("void at::native::vectorized_elementwise_kernel<(int)4, at::native::AddFunctor<float>>", 1_200_000, 8)
+    )
+    b = write_summary(tmp_path / "b.csv", after)
+    c = classes
+    rows = c.compare_classes(c.read_summary(summary), c.read_summary(b), 2, 4)
+    assert [(label, round(ms_a, 3), round(ms_b, 3)) for label, ms_a, ms_b in rows][:3] == [
+        (c.TRITON_POINTWISE, 2.0, 0.0), (c.CONV, 4.5, 3.5), (c.ELEMENTWISE, 0.04, 0.34),
+    ]  # fmt: skip
+    assert rows[-1][0] == "all kernels" and (round(rows[-1][1], 3), round(rows[-1][2], 3)) == (9.0, 6.3)
+    changes = c.kernel_changes(c.read_summary(summary), c.read_summary(b), 2, 4, top=3)
+    assert [(name[:24], round(a, 3), round(b_, 3), status) for name, a, b_, status in changes] == [
+        ("triton_poi_fused_add_max", 2.0, 0.0, "gone"),
+        ("sm90_xmma_fprop_implicit", 3.0, 2.0, ""),
+        ("void at::native::vectori", 0.0, 0.3, "new"),
+    ]
+    assert classes.main([str(summary), "--steps", "2", "--compare", str(b), "--steps-b", "4", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"A: {summary} (2 steps), B: {b} (4 steps)")
+    assert "| Triton pointwise (normalize, ReLU, adds, pooling) | 2.00 | 0.00 | -2.00 | 0.000 |" in out
+    assert "| all kernels | 9.00 | 6.30 | -2.70 | 0.700 |" in out
+    assert (
+        "| `triton_poi_fused_add_max_pool2d_with_indices_max_pool2d_with_indices_backward_63` | 2.000 | 0.000 | " in out
+    )
+    assert "| -2.000 | gone |" in out and "sm90_xmma" in out and "AddFunctor" not in out  # --top 2
+    with pytest.raises(SystemExit, match="missing.csv"):
+        classes.main([str(summary), "--compare", str(tmp_path / "missing.csv")])
+    with pytest.raises(SystemExit):
+        classes.main([str(summary), "--steps-b", "4"])
+    assert "--steps-b is B's step count: it needs --compare CSV_B" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        classes.main([str(summary), "--compare", str(b), "--steps-b", "0"])
+    assert "--steps must be >= 1, as must --steps-b" in capsys.readouterr().err
