@@ -55,8 +55,10 @@ def settings(report: dict) -> dict[str, Any]:
     for rank in report["ranks"]:
         recorded = dict(rank.get("setup") or {})
         for field, key in SUMMARY_SETTINGS.items():
-            if field in rank:
-                recorded.setdefault(key, rank[field])
+            # A report from before ``setup``: the summary's own fields, where they are the option's value (its decoder
+            # and decode threads are None when unused: no value to compare).
+            if not rank.get("setup") and field in rank and (rank[field] is not None or field == "compile"):
+                recorded[key] = rank[field]
         # The environment's hardware queues (none off CUDA), and, in a report from before ``setup``, what fed the
         # steps; "trace" is how a report was made, not a setting.
         if rank.get("device_connections") is not None:
@@ -76,11 +78,14 @@ def common_clock(a: dict, b: dict) -> str:
 
 def per_step(report: dict, clock: str) -> list[dict]:
     """Each step of the window: its phases' and its own time on ``clock``, the mean over the ranks that ran it (under
-    DDP every rank's step ends together: one step, not one sample per rank), and its images summed over them."""
+    DDP every rank's step ends together: one step, not one sample per rank), and the run's images in it: the mean of
+    those ranks' images times the run's ranks (a report of some ranks' traces, or a rank without that step, holds
+    fewer ranks than ran the step)."""
     by_step: dict[int, list[dict]] = {}
     for rank in report["ranks"]:
         for step in rank["steps"]:
             by_step.setdefault(step["step"], []).append(step)
+    ranks = report["overall"].get("run_world_size") or len(report["ranks"])
     out = []
     for number, rows in sorted(by_step.items()):
         images = [row.get("images") for row in rows]
@@ -88,7 +93,7 @@ def per_step(report: dict, clock: str) -> list[dict]:
             {
                 "step": number,
                 "ms": {p: statistics.fmean(row[clock][p] for row in rows) for p in (*PHASES, "total")},
-                "images": None if None in images else sum(images),
+                "images": None if None in images else round(statistics.fmean(images) * ranks),
             }
         )
     return out
@@ -130,6 +135,8 @@ def compare(a: dict, b: dict) -> dict:
     steps = {"A": per_step(a, clock), "B": per_step(b, clock)}
     # Per image when the steps hold different numbers of images (another batch size, accumulation or world size): a
     # shorter step of fewer images is no gain. Per step when the counts are equal or unknown.
+    # Per image when the steps do not all hold one number of images (another batch size, accumulation or world size
+    # between the reports, or a short last batch of an epoch in a window): a shorter step of fewer images is no gain.
     counts = {s["images"] for side in steps.values() for s in side}
     unit = "us/image" if len(counts) > 1 and None not in counts else "ms"
     if len(counts) > 1 and None in counts:
@@ -138,8 +145,15 @@ def compare(a: dict, b: dict) -> dict:
     def value(step: dict, phase: str) -> float:
         return step["ms"][phase] * 1000 / step["images"] if unit == "us/image" else step["ms"][phase]
 
+    # Per image, the window's time over its images (a short step weighs by its images, as in images/s); per step, the
+    # mean step.
     means = {
-        name: {p: statistics.fmean(value(s, p) for s in side) for p in (*PHASES, "total")}
+        name: {
+            p: sum(s["ms"][p] for s in side) * 1000 / sum(s["images"] for s in side)
+            if unit == "us/image"
+            else statistics.fmean(s["ms"][p] for s in side)
+            for p in (*PHASES, "total")
+        }
         for name, side in steps.items()
     }
     change = {p: means["B"][p] - means["A"][p] for p in (*PHASES, "total")}
@@ -154,9 +168,7 @@ def compare(a: dict, b: dict) -> dict:
     return {
         "clock": clock,
         "unit": unit,
-        "differences": [
-            (k, settings_a[k], settings_b[k]) for k in settings_a if k in settings_b and settings_a[k] != settings_b[k]
-        ],
+        "differences": differences(settings_a, settings_b),
         "one_side_only": {
             "A": [k for k in settings_a if k not in settings_b],
             "B": [k for k in settings_b if k not in settings_a],
@@ -175,6 +187,14 @@ def compare(a: dict, b: dict) -> dict:
         "windows": {"A": a["window"], "B": b["window"]},
         "notes": notes,
     }
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, A's value, B's)`` of each setting both record with different values; ``model.batch_size`` left out when
+    it changed as ``data.batch_size`` did (train.py links the model's copy, which scales the learning rate, to it)."""
+    out = [(key, a[key], b[key]) for key in a if key in b and a[key] != b[key]]
+    data = next(((x, y) for key, x, y in out if key == "data.batch_size"), None)
+    return [row for row in out if not (row[0] == "model.batch_size" and row[1:] == data)]
 
 
 def check(report: Any) -> None:
@@ -249,6 +269,8 @@ def settings_lines(result: dict) -> list[str]:
             f"No setting differs of the {sum(k in sb for k in sa)} both reports record{': ' if same else ''}{same}."
         )
     for name, keys in result["one_side_only"].items():
+        # The run's own settings (the GPU, torch, the world size) first: the options are many.
+        keys = sorted(keys, key=lambda key: key.startswith(("model.", "data.")))
         if keys and (sa if name == "B" else sb):
             shown = ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
             lines.append(f"Not compared, recorded in {name} only: {shown}.")
@@ -267,10 +289,13 @@ def markdown(result: dict, names: tuple[str, str]) -> str:
         f"- A: `{names[0]}` (steps {_window(result, 'A')})",
         f"- B: `{names[1]}` (steps {_window(result, 'B')})",
         "",
-        *settings_lines(result),
+        *(f"- {line}" for line in settings_lines(result)),  # a list: Markdown joins lines of a paragraph
     ]
     if result["unit"] == "us/image":
-        out.append("The two runs' steps hold different numbers of images: times are per image (us), not per step.")
+        out.append(
+            "- The steps hold different numbers of images (within a report or between the two): times are per image "
+            "(us), the window's time over its images, not per step."
+        )
     out += ["", f"| {clock} clock | A | B | B - A | B / A |", "|---|---|---|---|---|"]
     rates, change = result["images_per_s"], result["change"]
     delta = "-" if None in rates.values() else _signed(rates["B"] - rates["A"], 1)

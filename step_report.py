@@ -49,6 +49,8 @@ LAG_HOST_BOUND = 0.1  # GPU trailing the host by less than this share of a step:
 #: and there a fast rank waits for a slow one; what a rank spends in the others is its own.
 UNSYNCED = ("data", "optimizer", "other")
 STRAGGLER_PCT = 5.0  # a rank spending this share of a step more in UNSYNCED phases than the other ranks: straggler
+#: Lightning's short precision names (and its default, none) as it resolves them (``trainer.precision``).
+PRECISION_ALIASES = {"None": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
 #: model.compile modes that capture the step in CUDA graphs (one launch a graph): the launch-overhead remedy is on.
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 #: model.compile modes whose options include inductor's coordinate-descent tuning (what model.compile_tuning adds).
@@ -531,11 +533,13 @@ def _setup_from_config(config: dict) -> dict:
     (``callbacks/step_timer.py``'s ``run_setup``); what only the live run knows (the GPU, torch, the world size) is
     left out."""
     setup = {f"{name}.{key}": value for name in ("model", "data") for key, value in _section(config, name).items()
-             if key != "class_path"}  # fmt: skip
+             if key != "class_path" and not str(key).startswith("_")}  # fmt: skip
     trainer = _section(config, "trainer")
-    for key in ("precision", "accumulate_grad_batches"):
-        if trainer.get(key) is not None:
-            setup[f"trainer.{key}"] = trainer[key]
+    # The precision as Lightning resolves it (what a live report records): "bf16" is "bf16-mixed", none "32-true".
+    precision = trainer.get("precision")
+    setup["trainer.precision"] = PRECISION_ALIASES.get(str(precision), precision)
+    if trainer.get("accumulate_grad_batches") is not None:
+        setup["trainer.accumulate_grad_batches"] = trainer["accumulate_grad_batches"]
     return setup
 
 
@@ -573,7 +577,7 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             try:
                 report = json.loads(path.read_text())
                 report_compare.check(report)
-            except (ValueError, OSError) as error:  # CompareError is a ValueError
+            except (ValueError, OSError, RecursionError) as error:  # CompareError is a ValueError
                 reason = error if isinstance(error, report_compare.CompareError) else (
                     f"not a step report ({type(error).__name__}: {error})")  # fmt: skip
                 raise report_compare.CompareError(

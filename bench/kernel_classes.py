@@ -70,7 +70,15 @@ def read_summary(path: Path) -> list[tuple[str, float, int]]:
                 f"{path}: no column {', '.join(missing)}; expected the CSV of `nsys stats --report cuda_gpu_kern_sum "
                 "--format csv`"
             )
-        return [(row["Name"], float(row["Total Time (ns)"]), int(row["Instances"])) for row in reader]
+        kernels = []
+        for row in reader:
+            try:
+                if not isinstance(row["Name"], str):
+                    raise ValueError("no Name field (a row cut short)")
+                kernels.append((row["Name"], float(row["Total Time (ns)"]), int(row["Instances"])))
+            except (TypeError, ValueError) as error:  # a value that is no number, or none (a short row)
+                raise ValueError(f"{path}, line {reader.line_num}: {error}") from error
+        return kernels
 
 
 def by_class(kernels: list[tuple[str, float, int]], steps: int) -> list[tuple[str, float, float, float]]:
@@ -116,6 +124,16 @@ def kernel_changes(a: list[tuple[str, float, int]], b: list[tuple[str, float, in
     ]
 
 
+def short_name(name: str, width: int = 90) -> str:
+    """``name`` within ``width`` characters, cut in the middle: ATen's kernels share a long prefix (``void
+    at::native::elementwise_kernel<(int)128, (int)2, void at::native::gpu_kernel_impl_nocast<...``) and differ in their
+    tail (the functor, the dtype)."""
+    if len(name) <= width:
+        return name
+    head = (width - 3) // 2
+    return name[:head] + "..." + name[-(width - 3 - head) :]
+
+
 def _ratio(a: float, b: float) -> str:
     return f"{b / a:.3f}" if a > 0 else "-"
 
@@ -129,7 +147,7 @@ def _print_comparison(a: list, b: list, args: argparse.Namespace) -> None:
     if args.top:
         print("\n| kernels that changed most | A ms a step | B ms a step | B - A | |\n|---|---|---|---|---|")
         for name, ms_a, ms_b, status in kernel_changes(a, b, args.steps, steps_b, args.top):
-            short = name if len(name) <= 90 else name[:87] + "..."
+            short = short_name(name)
             print(f"| `{short}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} | {status} |")
 
 
@@ -158,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in (a.csv, *([a.compare] if a.compare else [])):
         try:
             kernels = read_summary(path)
-        except (OSError, ValueError) as error:
-            sys.exit(f"kernel_classes: {error}")
+        except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError without the path
+            sys.exit(f"kernel_classes: {error if str(path) in str(error) else f'{path}: {error}'}")
         if not kernels:
             sys.exit(f"kernel_classes: {path} lists no kernels (was the window captured with -t cuda?)")
         summaries.append(kernels)
@@ -175,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.top:
         print("\n| longest kernels (total) | ms a step | instances a step | class |\n|---|---|---|---|")
         for name, ns, count in sorted(kernels, key=lambda k: -k[1])[: a.top]:
-            short = name if len(name) <= 90 else name[:87] + "..."
+            short = short_name(name)
             print(f"| `{short}` | {ns / 1e6 / a.steps:.2f} | {count / a.steps:g} | {kernel_class(name)} |")
     return 0
 

@@ -310,8 +310,11 @@ def run_setup(trainer: pl.Trainer, hparams: Any, data_hparams: Any) -> dict[str,
     command-line name (``model.arch``, ``data.crop_size``), the trainer's precision and accumulation, the world size,
     the strategy, ``cudnn.benchmark``, the device and torch."""
     device = trainer.strategy.root_device
-    setup = {f"model.{key}": _plain(value) for key, value in dict(hparams).items()}
-    setup.update({f"data.{key}": _plain(value) for key, value in dict(data_hparams).items()})
+    # Options only: jsonargparse's own entries (``_instantiator``) are no setting of the run.
+    setup = {f"model.{key}": _plain(value) for key, value in dict(hparams).items() if not str(key).startswith("_")}
+    setup.update(
+        {f"data.{key}": _plain(value) for key, value in dict(data_hparams).items() if not str(key).startswith("_")}
+    )
     setup.update(
         {
             "trainer.precision": _plain(getattr(trainer, "precision", None)),

@@ -147,3 +147,33 @@ def test_two_summaries_compared_by_class_and_by_kernel(classes, summary: Path, t
     with pytest.raises(SystemExit):
         classes.main([str(summary), "--compare", str(b), "--steps-b", "0"])
     assert "--steps must be >= 1, as must --steps-b" in capsys.readouterr().err
+
+
+def test_long_names_are_cut_in_the_middle_so_that_kernels_stay_apart(classes) -> None:
+    prefix = (
+        "void at::native::elementwise_kernel<(int)128, (int)2, void at::native::gpu_kernel_impl_nocast<at::native::"
+    )
+    float_mul, bf16_mul = prefix + "MulFunctor<float>>", prefix + "MulFunctor<c10::BFloat16>>"
+    short = [classes.short_name(name) for name in (float_mul, bf16_mul)]
+    assert short[0] != short[1] and all(len(name) == 90 and "..." in name for name in short)
+    assert short[1].endswith("MulFunctor<c10::BFloat16>>") and short[1].startswith("void at::native::elementwise")
+    assert classes.short_name("triton_poi_fused_add_7") == "triton_poi_fused_add_7"
+
+
+@pytest.mark.parametrize(
+    ("row", "said"),
+    [
+        (["1", "", "2", "1", "1", "1", "1", "0", "k"], "could not convert string to float"),
+        (["1", "100", "2.0", "1", "1", "1", "1", "0", "k"], "invalid literal for int()"),
+        (["1", "100", "2"], r"no Name field \(a row cut short\)"),
+    ],
+)
+def test_a_bad_row_is_named_by_file_and_line(classes, summary: Path, tmp_path: Path, row, said) -> None:
+    bad = tmp_path / "b.csv"
+    bad.write_text(",".join(HEADER) + "\n1,100,2,50,50,50,50,0,good\n" + ",".join(row) + "\n")
+    with pytest.raises(SystemExit, match=f"^kernel_classes: {bad}, line 3: .*{said}"):
+        classes.main([str(summary), "--compare", str(bad)])
+    undecodable = tmp_path / "u.csv"
+    undecodable.write_bytes(",".join(HEADER).encode() + b"\n1,100,2,50,50,50,50,0,\xff\xfe\n")
+    with pytest.raises(SystemExit, match=f"^kernel_classes: {undecodable}: .*codec can't decode"):
+        classes.main([str(summary), "--compare", str(undecodable)])

@@ -62,7 +62,7 @@ def test_a_shorter_forward_is_named_as_the_change_with_its_speedup_and_called_cl
     assert "| forward, mean (ms) | 40.000 | 30.000 | -10.000 | 0.750 |" in text
     assert "| step, mean (ms) | 98.000 | 88.000 | -10.000 | 0.898 |" in text
     assert "| data, mean (ms) | 1.000 | 1.000 | +0.000 | 1.000 |" in text  # a zero change is never "-0.000"
-    assert "No setting differs of the 11 both reports record: model.arch resnet50, trainer.precision bf16-mixed" in text
+    assert "No setting differs of the 9 both reports record: model.arch resnet50, trainer.precision bf16-mixed" in text
     # The other way round: B slower, as clearly.
     assert "B's step is longer than A's in 100% of step pairs" in report_compare.markdown(
         report_compare.compare(b, a), ("b.json", "a.json")
@@ -82,7 +82,10 @@ def test_steps_of_another_number_of_images_are_compared_per_image():
     assert result["b_shorter_share"] == 0.0
     text = report_compare.markdown(result, ("a", "b"))
     assert "Settings that differ: data.batch_size 256 -> 96" in text
-    assert "times are per image (us), not per step" in text and "| step, mean (us/image) |" in text
+    assert (
+        "The steps hold different numbers of images (within a report or between the two): times are per image" in text
+    )
+    assert "| step, mean (us/image) |" in text
     assert "B's step is longer than A's in 100% of step pairs" in text
 
 
@@ -116,8 +119,10 @@ def test_too_few_steps_to_judge_the_spread_is_said():
 
 
 def test_settings_that_differ_or_that_one_report_lacks_are_named():
-    a = build_report([summary([40] * 6, setup=dict(SETUP, **{"trainer.precision": "16-mixed"}))])
-    b = build_report([summary([30] * 6, setup=SETUP, compile="reduce-overhead")])
+    a = build_report([summary([40] * 6, setup=dict(SETUP, **{"trainer.precision": "16-mixed", "model.compile": None}))])
+    b = build_report(
+        [summary([30] * 6, setup=dict(SETUP, **{"model.compile": "reduce-overhead"}), compile="reduce-overhead")]
+    )
     result = report_compare.compare(a, b)
     assert result["differences"] == [("trainer.precision", "16-mixed", "bf16-mixed"),
                                       ("model.compile", None, "reduce-overhead")]  # fmt: skip
@@ -125,21 +130,59 @@ def test_settings_that_differ_or_that_one_report_lacks_are_named():
     assert (
         "Settings that differ: trainer.precision 16-mixed -> bf16-mixed; model.compile none -> reduce-overhead" in text
     )
-    # A report from before the settings were recorded: its compile mode and input path, the rest named as not compared.
+    # A report from before the settings were recorded: its compile mode and input path; what only B records is named,
+    # the run's own settings first.
     old = build_report([summary([40] * 6)])
     result = report_compare.compare(old, b)
     assert result["differences"] == [("model.compile", None, "reduce-overhead")]
     text = report_compare.markdown(result, ("a", "b"))
-    assert (
-        "Not compared, recorded in B only: model.arch, model.channels_last, data.batch_size, data.crop_size, " in text
-    )
-    assert "and 1 more." in text
+    assert "Not compared, recorded in A only: input, model.compile_tuning." in text
+    assert "Not compared, recorded in B only: trainer.precision, trainer.accumulate_grad_batches, world_size, " in text
+    assert "device_name, torch, model.arch, model.channels_last, data.batch_size and 1 more." in text
+    # Its decoder and decode threads are None when unused: no value to set against B's.
+    unused = build_report([summary([40] * 6, cpu_decoder=None, decode_threads=None)])
+    assert "data.decode_threads" not in report_compare.settings(unused)
+    assert report_compare.settings(build_report([summary([40] * 6, decode_threads=2)]))["data.decode_threads"] == 2
     # A report made from a Kineto trace: "trace" is how it was made, not what fed the steps.
     trace = {k: v for k, v in summary([40] * 6).items() if k not in report_compare.SUMMARY_SETTINGS}
     trace["input"] = "trace"
     text = report_compare.markdown(report_compare.compare(build_report([trace]), b), ("a", "b"))
     assert "A records no settings (a report made from Kineto traces has its run's config.yaml's" in text
     assert "input" not in report_compare.settings(build_report([trace]))
+
+
+def test_the_models_batch_size_linked_to_the_datas_is_one_difference():
+    setup_b = dict(SETUP, **{"data.batch_size": 128, "model.batch_size": 128})
+    a = build_report([summary([40] * 6, setup=dict(SETUP, **{"model.batch_size": 256}))])
+    assert report_compare.compare(a, build_report([summary([40] * 6, setup=setup_b)]))["differences"] == [
+        ("data.batch_size", 256, 128)
+    ]
+    # Set apart from the data's (from Python), it is a difference of its own.
+    setup_c = dict(SETUP, **{"model.batch_size": 128})
+    assert report_compare.compare(a, build_report([summary([40] * 6, setup=setup_c)]))["differences"] == [
+        ("model.batch_size", 256, 128)
+    ]
+
+
+def test_a_report_of_some_ranks_or_with_a_rank_short_of_a_step_counts_the_runs_images():
+    """One run's 2-rank report against a report of rank 0's trace alone (``profile.ranks [0]``), and against a copy
+    whose rank 1 lacks the last step: the same steps, not per image, no change."""
+    full = build_report([summary([40] * 6), summary([40] * 6, rank=1)])
+    rank0 = build_report([summary([40] * 6, world_size=2)])
+    assert rank0["overall"]["run_world_size"] == 2
+    short = build_report([summary([40] * 6), summary([40] * 5, rank=1)])
+    for other in (rank0, short):
+        result = report_compare.compare(full, other)
+        assert result["unit"] == "ms" and result["change"]["total"] == 0, result
+
+
+def test_a_short_last_batch_in_both_windows_is_compared_per_image_weighted_by_images():
+    """Steps of 256 images and an epoch's last of 64 in both: per image, the window's time over its images."""
+    a = summary([40] * 6)
+    a["steps"][-1]["images"] = 64
+    result = report_compare.compare(build_report([a]), build_report([a]))
+    assert result["unit"] == "us/image"
+    assert result["phases"]["A"]["total"] == pytest.approx(6 * 98 / (5 * 256 + 64) * 1000)
 
 
 def test_ranks_that_disagree_on_a_setting_show_both_values():
@@ -297,6 +340,7 @@ def test_two_real_cpu_runs_reports_record_their_settings_and_compare(tmp_path, c
         "cudnn.benchmark": False,
     }  # fmt: skip
     assert json.loads(json.dumps(setup)) == setup  # every value as JSON writes it back (a Path root as its string)
+    assert not [key for key in setup if key.startswith(("model._", "data._"))]  # options only
     assert step_report.main(["--compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "Settings that differ: data.root " in out and "; trainer.precision 32-true -> bf16-mixed" in out
@@ -327,3 +371,11 @@ def test_a_report_made_from_kineto_traces_takes_its_settings_from_the_runs_confi
     out = capsys.readouterr().out
     assert "Settings that differ: trainer.precision 32-true -> bf16-mixed" in out
     assert "Not compared, recorded in A only: " in out and "input" not in out.split("Not compared")[0]
+
+
+@pytest.mark.parametrize(("precision", "resolved"), [("bf16", "bf16-mixed"), (16, "16-mixed"), (32, "32-true"),
+                                                     (None, "32-true"), ("bf16-mixed", "bf16-mixed")])  # fmt: skip
+def test_a_configs_precision_is_read_as_lightning_resolves_it(precision, resolved):
+    config = {"trainer": {"precision": precision}, "model": {"arch": "resnet18", "_instantiator": "x"}}
+    setup = step_report._setup_from_config(config)
+    assert setup["trainer.precision"] == resolved and "model._instantiator" not in setup
