@@ -40,7 +40,8 @@
 # report-nsys: the report-synthetic run under nsys --capture-range=cudaProfilerApi (window 20-24; COMPILE as there,
 #            with --cuda-graph-trace=node for the CUDA-graph modes), then nsys's kernel time per step beside the
 #            report's median step (opening the window under nsys drains the GPU's queue; the host then runs ahead),
-#            by kernel class (bench/kernel_classes.py)
+#            by kernel class (bench/kernel_classes.py); the summary stays in OUTDIR/report-nsys_kern_sum.csv, for
+#            bench/kernel_classes.py --compare against another run's
 # producer : the compiled decode split under bench/producer_timing.py on CORES cores (default 16; CORES-2 workers):
 #            one process per variant of VARIANTS (default app_folder_gpu_tv@0.5 and @0.7, COMPILE default
 #            reduce-overhead put in each, before any +threads=N), its img/s and where the prefetcher's producer
@@ -198,7 +199,9 @@ for stage in "$@"; do
     input+=($(compile_args))
     flags=(-s none -t cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=stop --force-overwrite true)
     case ${COMPILE:-} in reduce-overhead*|max-autotune|max-autotune:tuned) flags+=(--cuda-graph-trace=node) ;; esac
-    rm -f /tmp/report_nsys.nsys-rep /tmp/report_nsys_cuda_gpu_kern_sum.csv  # never read an earlier run's
+    # Never read an earlier run's: nsys stats reads the report's SQLite export when there is one, and an earlier run's
+    # (older than this report) made it write no summary at all (thirty-first session).
+    rm -f /tmp/report_nsys.nsys-rep /tmp/report_nsys.sqlite /tmp/report_nsys_cuda_gpu_kern_sum.csv
     timeout "$limit" nsys profile "${flags[@]}" -o /tmp/report_nsys python3 train.py "${input[@]}" \
       --data.batch_size 256 --trainer.precision "${PRECISION:-bf16-mixed}" --trainer.max_steps 30 \
       --trainer.enable_progress_bar false --trainer.default_root_dir /tmp/report_nsys_run \
@@ -207,8 +210,11 @@ for stage in "$@"; do
     grep -A9 "step report," "$out/${stage}_run.txt" | tee "$out/$stage.txt"
     [ $rc -eq 0 ] || tail -30 "$out/${stage}_run.txt"; mark $rc
     # nsys's own count: every kernel of the 5 window steps, by class (conv/GEMM against the memory-bound rest).
-    nsys stats -r cuda_gpu_kern_sum -f csv -o /tmp/report_nsys /tmp/report_nsys.nsys-rep >/dev/null 2>&1
-    python3 bench/kernel_classes.py /tmp/report_nsys_cuda_gpu_kern_sum.csv --steps 5 | tee -a "$out/$stage.txt" ;;
+    nsys stats --force-export=true -r cuda_gpu_kern_sum -f csv -o /tmp/report_nsys /tmp/report_nsys.nsys-rep \
+      > "$out/${stage}_stats.txt" 2>&1 || { tail -5 "$out/${stage}_stats.txt"; mark 1; }
+    cp /tmp/report_nsys_cuda_gpu_kern_sum.csv "$out/${stage}_kern_sum.csv" 2>/dev/null  # for kernel_classes --compare
+    python3 bench/kernel_classes.py /tmp/report_nsys_cuda_gpu_kern_sum.csv --steps 5 | tee -a "$out/$stage.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || mark 1 ;;
   producer)
     jpegs; cores=${CORES:-16}; mode=${COMPILE:-reduce-overhead}; sync=(); [ -n "${SYNC_RELEASE:-}" ] && sync=(--sync-release)
     read -ra extra <<< "${PRODUCER_ARGS:-}"

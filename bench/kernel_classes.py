@@ -4,7 +4,7 @@ pooling; Triton kernels when compiled), which bounds what faster kernels of each
 
     nsys profile -s none -t cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=stop \\
         [--cuda-graph-trace=node] -o win python train.py --config ... --profile.start_step 20 --profile.num_steps 5
-    nsys stats --report cuda_gpu_kern_sum --format csv -o win win.nsys-rep
+    nsys stats --force-export=true --report cuda_gpu_kern_sum --format csv -o win win.nsys-rep
     python bench/kernel_classes.py win_cuda_gpu_kern_sum.csv --steps 5 [--top 10]
 
 Under CUDA graphs (``model.compile: reduce-overhead``) nsys sees the kernels inside a replayed graph only with
@@ -17,6 +17,8 @@ Before and after a change, the kernel side of ``step_report.py --compare`` (whic
 
 prints each class's ms a step in both, their difference and ratio, then the kernels whose time a step changed most
 (``new`` and ``gone`` for kernels only one report ran: a compiled model's Triton kernels against eager ATen ones).
+Kernel names are printed without their parameter lists and cut in the middle, whole where a cut name would match
+another (``--full-names``: every name whole).
 """
 
 from __future__ import annotations
@@ -124,14 +126,28 @@ def kernel_changes(a: list[tuple[str, float, int]], b: list[tuple[str, float, in
     ]
 
 
-def short_name(name: str, width: int = 90) -> str:
-    """``name`` within ``width`` characters, cut in the middle: ATen's kernels share a long prefix (``void
-    at::native::elementwise_kernel<(int)128, (int)2, void at::native::gpu_kernel_impl_nocast<...``) and differ in their
-    tail (the functor, the dtype)."""
-    if len(name) <= width:
-        return name
+def _without_parameters(name: str) -> str:
+    """A demangled kernel's name without ``void`` and its parameter list (``(const T1 *, int, ...)``: template
+    placeholders, the same for every kernel of a template)."""
+    name = name.removeprefix("void ")
+    if name.endswith(")"):
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                return name[:i] if i > 0 and name[i - 1] == ">" else name
+    return name
+
+
+def short_names(names: list[str], width: int = 90) -> list[str]:
+    """``names`` within ``width`` characters where that keeps them apart: each without its parameter list, cut in the
+    middle (ATen's kernels share a long prefix, ``at::native::elementwise_kernel<(int)128, (int)2, ...``, and
+    Triton's end in their number); names that would then print alike are shown whole, without their parameters."""
+    bare = [_without_parameters(name) for name in names]
     head = (width - 3) // 2
-    return name[:head] + "..." + name[-(width - 3 - head) :]
+    cut = [b if len(b) <= width else b[:head] + "..." + b[-(width - 3 - head) :] for b in bare]
+    counts = {c: cut.count(c) for c in cut}
+    return [c if counts[c] == 1 else b for b, c in zip(bare, cut, strict=True)]
 
 
 def _ratio(a: float, b: float) -> str:
@@ -139,15 +155,15 @@ def _ratio(a: float, b: float) -> str:
 
 
 def _print_comparison(a: list, b: list, args: argparse.Namespace) -> None:
-    steps_b = args.steps_b or args.steps
+    steps_b, width = args.steps_b or args.steps, sys.maxsize if args.full_names else 90
     print(f"A: {args.csv} ({args.steps} steps), B: {args.compare} ({steps_b} steps)\n")
     print("| kernels | A ms a step | B ms a step | B - A | B / A |\n|---|---|---|---|---|")
     for label, ms_a, ms_b in compare_classes(a, b, args.steps, steps_b):
         print(f"| {label} | {ms_a:.2f} | {ms_b:.2f} | {ms_b - ms_a:+.2f} | {_ratio(ms_a, ms_b)} |")
     if args.top:
         print("\n| kernels that changed most | A ms a step | B ms a step | B - A | |\n|---|---|---|---|---|")
-        for name, ms_a, ms_b, status in kernel_changes(a, b, args.steps, steps_b, args.top):
-            short = short_name(name)
+        changes = kernel_changes(a, b, args.steps, steps_b, args.top)
+        for short, (_, ms_a, ms_b, status) in zip(short_names([c[0] for c in changes], width), changes, strict=True):
             print(f"| `{short}` | {ms_a:.3f} | {ms_b:.3f} | {ms_b - ms_a:+.3f} | {status} |")
 
 
@@ -166,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare", type=Path, metavar="CSV_B", help="a second kernel summary (B) to compare the first (A) "
                    "with, class by class and kernel by kernel")  # fmt: skip
     p.add_argument("--steps-b", type=int, help="steps B's report holds, when not --steps")
+    p.add_argument("--full-names", action="store_true", help="kernel names whole (without their parameter lists), "
+                   "not cut to 90 characters")  # fmt: skip
     a = p.parse_args(argv)
     if a.steps < 1 or a.top < 0 or (a.steps_b is not None and a.steps_b < 1):
         p.error(f"--steps must be >= 1, as must --steps-b, and --top >= 0 (got --steps {a.steps}, --steps-b "
@@ -184,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.compare:
         _print_comparison(*summaries, a)
         return 0
-    kernels = summaries[0]
+    kernels, width = summaries[0], sys.maxsize if a.full_names else 90
     rows = by_class(kernels, a.steps)
     print(f"{sum(ms for _, ms, _, _ in rows):.2f} ms of kernels a step ({a.steps} steps)\n")
     print("| kernels | ms a step | share | kernels a step |\n|---|---|---|---|")
@@ -192,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {label} | {ms:.2f} | {100 * share:.1f}% | {count:g} |")
     if a.top:
         print("\n| longest kernels (total) | ms a step | instances a step | class |\n|---|---|---|---|")
-        for name, ns, count in sorted(kernels, key=lambda k: -k[1])[: a.top]:
-            short = short_name(name)
+        longest = sorted(kernels, key=lambda k: -k[1])[: a.top]
+        for short, (name, ns, count) in zip(short_names([k[0] for k in longest], width), longest, strict=True):
             print(f"| `{short}` | {ns / 1e6 / a.steps:.2f} | {count / a.steps:g} | {kernel_class(name)} |")
     return 0
 

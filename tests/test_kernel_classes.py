@@ -149,15 +149,32 @@ def test_two_summaries_compared_by_class_and_by_kernel(classes, summary: Path, t
     assert "--steps must be >= 1, as must --steps-b" in capsys.readouterr().err
 
 
-def test_long_names_are_cut_in_the_middle_so_that_kernels_stay_apart(classes) -> None:
+def test_names_lose_their_parameters_and_are_cut_in_the_middle_but_stay_apart(classes, tmp_path: Path, capsys) -> None:
+    # Two ATen kernels that differ in their dtype only, past a long shared prefix, and a parameter list that says
+    # nothing (template placeholders): cut in the middle they stay apart.
     prefix = (
         "void at::native::elementwise_kernel<(int)128, (int)2, void at::native::gpu_kernel_impl_nocast<at::native::"
     )
-    float_mul, bf16_mul = prefix + "MulFunctor<float>>", prefix + "MulFunctor<c10::BFloat16>>"
-    short = [classes.short_name(name) for name in (float_mul, bf16_mul)]
-    assert short[0] != short[1] and all(len(name) == 90 and "..." in name for name in short)
-    assert short[1].endswith("MulFunctor<c10::BFloat16>>") and short[1].startswith("void at::native::elementwise")
-    assert classes.short_name("triton_poi_fused_add_7") == "triton_poi_fused_add_7"
+    params = "(int, T2, T3)"
+    float_mul, bf16_mul = prefix + "MulFunctor<float>>" + params, prefix + "MulFunctor<c10::BFloat16>>" + params
+    short = classes.short_names([float_mul, bf16_mul, "triton_poi_fused_add_7"])
+    assert short[0] != short[1] and all(len(name) == 90 and "..." in name for name in short[:2])
+    assert short[1].endswith("MulFunctor<c10::BFloat16>>") and short[1].startswith("at::native::elementwise_kernel<")
+    assert short[2] == "triton_poi_fused_add_7"
+    # Names alike once cut (the difference in the middle) are shown whole, without their parameters.
+    middle = [
+        f"void at::native::vectorized_elementwise_kernel<(int)8, at::native::{functor}<c10::BFloat16>, "
+        "std::array<char *, (unsigned long)3>>(int, T2, T3)"
+        for functor in ("CUDAFunctor_add", "CUDAFunctor_mul")
+    ]
+    assert classes.short_names(middle) == [name.removeprefix("void ").removesuffix(params) for name in middle]
+    # A name whose parentheses are its own (a lambda's) keeps them; --full-names prints every name whole.
+    assert classes.short_names(["kernel(lambda)"]) == ["kernel(lambda)"]
+    a = write_summary(tmp_path / "a.csv", [(float_mul, 1_000_000, 2)])
+    b = write_summary(tmp_path / "b.csv", [(bf16_mul, 1_000_000, 2)])
+    assert classes.main([str(a), "--compare", str(b), "--full-names"]) == 0
+    out = capsys.readouterr().out
+    assert f"| `{bf16_mul.removeprefix('void ').removesuffix(params)}` | 0.000 | 1.000 | +1.000 | new |" in out
 
 
 @pytest.mark.parametrize(
