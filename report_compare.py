@@ -8,8 +8,8 @@ The question after every change a performance engineer makes (a compile mode, an
 
 It prints, in Markdown: the settings that differ between the two runs (every model and data option, the trainer's
 precision, accumulation and world size, the GPU and torch, as the reports record them), images/s and each phase's
-mean time on a clock both reports have (the GPU's where both measured it), per step, or per image when the two runs'
-steps hold different numbers of images, the phase that changed most, how often a step of B was shorter than one of A
+mean time on a clock both reports have (the GPU's where both measured it), per step, or per image when the steps do
+not all hold one number of images, the phase that changed most, how often a step of B was shorter than one of A
 (over every pair of steps: this measures the window's step-to-step spread, not how much two runs of one command
 differ), and both verdicts. Pure analysis over plain data, like ``step_report.py``.
 """
@@ -133,8 +133,6 @@ def compare(a: dict, b: dict) -> dict:
             other = "B" if name == "A" else "A"
             notes.append(f"{other} has no GPU clock (a CPU run, or a rank without CUDA events): compared on the host's")
     steps = {"A": per_step(a, clock), "B": per_step(b, clock)}
-    # Per image when the steps hold different numbers of images (another batch size, accumulation or world size): a
-    # shorter step of fewer images is no gain. Per step when the counts are equal or unknown.
     # Per image when the steps do not all hold one number of images (another batch size, accumulation or world size
     # between the reports, or a short last batch of an epoch in a window): a shorter step of fewer images is no gain.
     counts = {s["images"] for side in steps.values() for s in side}
