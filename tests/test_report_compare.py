@@ -1,6 +1,6 @@
 """report_compare.py and ``step_report.py --compare``: two reports with known answers (the phase that changed, the
-speed-up, the noise call, the settings that differ, the clock both share), the command line's refusals, and two real
-CPU runs' reports compared end to end."""
+speed-up, per step or per image, the spread call, the settings that differ, the clock both share), the command line's
+refusals, and real CPU runs' reports (live and made from Kineto traces) compared end to end."""
 
 from __future__ import annotations
 
