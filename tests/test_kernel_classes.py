@@ -30,16 +30,20 @@ def classes(bench_script):
     return bench_script("kernel_classes")
 
 
-@pytest.fixture
-def summary(tmp_path: Path) -> Path:
-    path = tmp_path / "win_cuda_gpu_kern_sum.csv"
-    total = sum(ns for _, ns, _ in KERNELS)
+def write_summary(path: Path, kernels: list[tuple[str, int, int]]) -> Path:
+    """``kernels`` (name, total ns, instances) as ``nsys stats`` writes them, longest first."""
+    total = sum(ns for _, ns, _ in kernels)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(HEADER)
-        for name, ns, n in sorted(KERNELS, key=lambda k: -k[1]):
+        for name, ns, n in sorted(kernels, key=lambda k: -k[1]):
             writer.writerow([round(100 * ns / total, 1), ns, n, ns / n, ns / n, ns / n, ns / n, 0, name])
     return path
+
+
+@pytest.fixture
+def summary(tmp_path: Path) -> Path:
+    return write_summary(tmp_path / "win_cuda_gpu_kern_sum.csv", KERNELS)
 
 
 def test_kernels_are_classed_by_name(classes) -> None:
@@ -98,16 +102,6 @@ def test_the_tables_and_the_errors_of_the_command_line(classes, summary: Path, t
     with pytest.raises(SystemExit):
         classes.main([str(summary), "--steps", "0"])
     assert "--steps must be >= 1" in capsys.readouterr().err
-
-
-def write_summary(path: Path, kernels: list[tuple[str, int, int]]) -> Path:
-    total = sum(ns for _, ns, _ in kernels)
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(HEADER)
-        for name, ns, n in sorted(kernels, key=lambda k: -k[1]):
-            writer.writerow([round(100 * ns / total, 1), ns, n, ns / n, ns / n, ns / n, ns / n, 0, name])
-    return path
 
 
 def test_two_summaries_compared_by_class_and_by_kernel(classes, summary: Path, tmp_path: Path, capsys) -> None:
