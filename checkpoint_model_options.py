@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import yaml
 from pytorch_lightning.utilities import rank_zero_info
+
+from config_yaml import read_mapping, section_options
 
 #: The model options that only training uses (the optimizer and its schedule).
 OPTIMIZER_OPTIONS = frozenset(
@@ -71,18 +71,5 @@ def model_keys_in_config_files(section: Any) -> set[str]:
     """The ``model`` options that the run's ``--config`` files set (``section``: the subcommand's configuration)."""
     keys: set[str] = set()
     for path in section.get("config") or []:
-        content = _config_file(str(path))
-        model = content.get("model") if isinstance(content, dict) else None
-        if isinstance(model, dict):
-            options = model.get("init_args")
-            keys |= set(options if isinstance(options, dict) else model)
+        keys |= set(section_options(read_mapping(str(path)), "model"))
     return keys
-
-
-def _config_file(path: str) -> Any:
-    """The YAML content of the config file ``path``; ``None`` if it cannot be read (the parser read it already and
-    said so: a file it could not read sets nothing)."""
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except (OSError, ValueError, yaml.YAMLError):  # ValueError: a name too long for a path, say
-        return None

@@ -36,6 +36,7 @@ from typing import Any
 import cuda_env
 import report_compare
 from atomic_files import atomic_write
+from config_yaml import read_mapping, section_options
 from report_render import between_text, markdown, ranks_text, render_png
 from trace_summary import INPUT_COPY_MIN_BYTES, PHASES, TRACE_NAME_RE, copy_stats, load_trace, summarize_trace
 
@@ -501,30 +502,16 @@ def write_report(report: dict, folder: str | Path, stem: str | None = None) -> l
 def _run_config(trace: Path) -> dict:
     """The LightningCLI ``config.yaml`` of the run folder holding ``traces/`` (or of the trace's own folder), as a
     mapping; empty if there is none or it does not read as one."""
-    import yaml  # jsonargparse's dependency: there wherever train.py runs
-
     for folder in (trace.parent.parent, trace.parent):
         config = folder / "config.yaml"
         if config.is_file():
-            try:
-                content = yaml.safe_load(config.read_text())
-            except (OSError, yaml.YAMLError):
-                return {}
-            return content if isinstance(content, dict) else {}
+            return read_mapping(config)
     return {}
-
-
-def _section(config: dict, name: str) -> dict:
-    """A config section's options (``init_args`` of a ``class_path`` form)."""
-    section = config.get(name)
-    if isinstance(section, dict) and isinstance(section.get("init_args"), dict):
-        section = section["init_args"]
-    return section if isinstance(section, dict) else {}
 
 
 def _batch_size_from_config(config: dict) -> int | None:
     """``data.batch_size`` of a run's config, if any."""
-    size = _section(config, "data").get("batch_size")
+    size = section_options(config, "data").get("batch_size")
     return size if isinstance(size, int) else None
 
 
@@ -532,9 +519,13 @@ def _setup_from_config(config: dict) -> dict:
     """A report made from traces: the run's settings from its config, under the names the live report records
     (``callbacks/step_timer.py``'s ``run_setup``); what only the live run knows (the GPU, torch, the world size) is
     left out."""
-    setup = {f"{name}.{key}": value for name in ("model", "data") for key, value in _section(config, name).items()
-             if key != "class_path" and not str(key).startswith("_")}  # fmt: skip
-    trainer = _section(config, "trainer")
+    setup = {
+        f"{name}.{key}": value
+        for name in ("model", "data")
+        for key, value in section_options(config, name).items()
+        if key != "class_path" and not str(key).startswith("_")
+    }
+    trainer = section_options(config, "trainer")
     # The precision as Lightning resolves it (what a live report records): "bf16" is "bf16-mixed", none "32-true".
     precision = trainer.get("precision")
     setup["trainer.precision"] = PRECISION_ALIASES.get(str(precision), precision)
