@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under pytest-xdist each worker, and every process it starts (DDP ranks, `python train.py`), would run torch's
+    # CPU ops on as many threads as the machine has cores, so two workers oversubscribe the cores, and OpenMP's
+    # spinning threads took turns with the tests' own work: on the 2-core CI machine the suite took 10 min 35 s
+    # (16.5 CPU minutes); with one thread per process, 7 min 35 s (10.4 CPU minutes). Set before torch is imported.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -29,6 +38,14 @@ import shapes_dataset  # noqa: E402
 #: Train/val images per class of the session dataset (10 classes, 32x32 pixels).
 TRAIN_PER_CLASS = 24
 VAL_PER_CLASS = 6
+
+
+def free_port() -> int:
+    """A TCP port that no process listens on now, for a rendezvous (tests run in two processes at once, see
+    tests/README.md: a fixed port such as torch.distributed's default 29500 could be taken by the other one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

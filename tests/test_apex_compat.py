@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
+from conftest import free_port
 
 # train.main(argv) passes args= while pytest has its own sys.argv: LightningCLI's warning about that is expected here.
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
@@ -843,7 +844,15 @@ def test_torch_distributed_launch_resumes_on_two_processes(tmp_path: Path, data_
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2", str(runner), *argv],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.launch",
+            "--nproc_per_node=2",
+            f"--master_port={free_port()}",
+            str(runner),
+            *argv,
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TESTS, _tiny_args
+from conftest import REPO, TESTS, _tiny_args, free_port
 from torchvision.datasets import ImageFolder
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
