@@ -19,8 +19,8 @@ import pytest
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Under pytest-xdist each worker, and every process it starts (DDP ranks, `python train.py`), would run torch's
     # CPU ops on as many threads as the machine has cores, so two workers oversubscribe the cores, and OpenMP's
-    # spinning threads took turns with the tests' own work: on the 2-core CI machine the suite took 10 min 35 s
-    # (16.5 CPU minutes); with one thread per process, 7 min 35 s (10.4 CPU minutes). Set before torch is imported.
+    # spinning threads took turns with the tests' own work: on a 2-core machine like CI's the suite took 10 min 36 s
+    # (16.5 CPU minutes); with one thread per process, 7 min 36 s (10.4). Set before torch is imported.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
