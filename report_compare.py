@@ -210,7 +210,7 @@ def check(report: Any) -> None:
 
 def noise_text(result: dict) -> str:
     """Whether the change of the step is clear of the window's step-to-step spread, in words."""
-    share, steps, unit = result["b_shorter_share"], result["steps"], _unit(result)
+    share, steps, unit = result["b_shorter_share"], result["steps"], result["unit"]
     spread = ", ".join(
         f"{name} {s['min']:.2f}-{s['max']:.2f} {unit} over {s['count']} steps" for name, s in steps.items()
     )
@@ -231,17 +231,13 @@ def share_text(result: dict) -> str:
     :data:`MOVED` of A's step (two eager runs on an H200 differed by 0.03%, and a 0.028 ms phase read "191% of the
     step's change") and the phase's change has the step's sign and is no larger (phases that trade time, one up and
     another down, get the step's own change instead)."""
-    change, total, unit = result["change"], result["change"]["total"], _unit(result)
+    change, total, unit = result["change"], result["change"]["total"], result["unit"]
     phase = change[result["largest"]]
     if abs(total) < MOVED * result["phases"]["A"]["total"]:
         return f" (the step {_signed(total)} {unit}: under {100 * MOVED:g}% of A's, not split into phases)"
     if phase * total > 0 and abs(phase) <= abs(total):
         return f", {100 * phase / total:.0f}% of the step's change"
     return f" (the step {_signed(total)} {unit}: the other phases moved the other way)"
-
-
-def _unit(result: dict) -> str:
-    return "us/image" if result["unit"] == "us/image" else "ms"
 
 
 def _signed(value: float, digits: int = 3) -> str:
@@ -280,7 +276,7 @@ def settings_lines(result: dict) -> list[str]:
 
 def markdown(result: dict, names: tuple[str, str]) -> str:
     """The comparison as Markdown, ``names`` the two reports' paths (A, B)."""
-    clock, unit = ("GPU" if result["clock"] == "gpu" else "host"), _unit(result)
+    clock, unit = ("GPU" if result["clock"] == "gpu" else "host"), result["unit"]
     out = [
         "# Step reports compared",
         "",

@@ -499,10 +499,10 @@ def write_report(report: dict, folder: str | Path, stem: str | None = None) -> l
 
 
 # --- command line ------------------------------------------------------------------------------------------------
-def _run_config(trace: Path) -> dict:
-    """The LightningCLI ``config.yaml`` of the run folder holding ``traces/`` (or of the trace's own folder), as a
-    mapping; empty if there is none or it does not read as one."""
-    for folder in (trace.parent.parent, trace.parent):
+def _run_config(traces: Path) -> dict:
+    """The LightningCLI ``config.yaml`` of the run folder holding the folder ``traces`` (or of ``traces`` itself), as
+    a mapping; empty if there is none or it does not read as one."""
+    for folder in (traces.parent, traces):
         config = folder / "config.yaml"
         if config.is_file():
             return read_mapping(config)
@@ -628,16 +628,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"step_report: {named} are both rank {twice}'s trace of steps {window} (a copy, e.g. gzipped): the "
                 "rank would count twice; pass one of them"
             )
+        # One run folder per group: its config, read once, gives every rank's batch size and settings.
+        config = _run_config(folder)
+        batch = args.batch_size or _batch_size_from_config(config)
+        setup = _setup_from_config(config) if config else None
+        if setup is not None and args.batch_size:
+            setup["data.batch_size"] = args.batch_size
         summaries = []
         for rank, trace in members:
-            config = _run_config(trace)
-            batch = args.batch_size or _batch_size_from_config(config)
             try:
                 summaries.append(summarize_trace(load_trace(trace), rank=rank, batch_size=batch))
-                if config:
-                    summaries[-1]["setup"] = _setup_from_config(config)
-                    if args.batch_size:
-                        summaries[-1]["setup"]["data.batch_size"] = args.batch_size
+                if setup is not None:
+                    summaries[-1]["setup"] = dict(setup)
             except (ValueError, KeyError, OSError, TypeError, AttributeError) as error:
                 # A file that is JSON but not this app's trace (values of the wrong type, no ranges) included.
                 raise SystemExit(f"step_report: {trace}: {type(error).__name__}: {error}") from error

@@ -154,8 +154,8 @@ def _ratio(a: float, b: float) -> str:
     return f"{b / a:.3f}" if a > 0 else "-"
 
 
-def _print_comparison(a: list, b: list, args: argparse.Namespace) -> None:
-    steps_b, width = args.steps_b or args.steps, sys.maxsize if args.full_names else 90
+def _print_comparison(a: list, b: list, args: argparse.Namespace, width: int) -> None:
+    steps_b = args.steps_b or args.steps
     print(f"A: {args.csv} ({args.steps} steps), B: {args.compare} ({steps_b} steps)\n")
     print("| kernels | A ms a step | B ms a step | B - A | B / A |\n|---|---|---|---|---|")
     for label, ms_a, ms_b in compare_classes(a, b, args.steps, steps_b):
@@ -199,10 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         if not kernels:
             sys.exit(f"kernel_classes: {path} lists no kernels (was the window captured with -t cuda?)")
         summaries.append(kernels)
+    width = sys.maxsize if a.full_names else 90
     if a.compare:
-        _print_comparison(*summaries, a)
+        _print_comparison(*summaries, a, width)
         return 0
-    kernels, width = summaries[0], sys.maxsize if a.full_names else 90
+    kernels = summaries[0]
     rows = by_class(kernels, a.steps)
     print(f"{sum(ms for _, ms, _, _ in rows):.2f} ms of kernels a step ({a.steps} steps)\n")
     print("| kernels | ms a step | share | kernels a step |\n|---|---|---|---|")
