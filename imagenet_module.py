@@ -274,6 +274,16 @@ class ImageNetClassifier(pl.LightningModule):
         return bool(self.hparams.fused_sgd)
 
     @override
+    def setup(self, stage: str) -> None:
+        if stage == "fit":  # under DDP: the group that sums the epoch's loss over the ranks for a checkpoint
+            self._step_metrics.open_save_group(self.trainer)
+
+    @override
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":
+            self._step_metrics.close_save_group()
+
+    @override
     def on_train_start(self) -> None:
         # After Lightning restored the optimizer: a checkpoint's param_groups carry the "fused" flag of the run that
         # saved it, and loading them would silently switch the kernel (a foreach group under an optimizer that told

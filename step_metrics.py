@@ -10,10 +10,12 @@ top-1, top-5, images/s, like the original's print_freq line) is reduced across r
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytorch_lightning as pl
 import torch
+import torch.distributed as dist
 from pytorch_lightning.utilities import rank_zero_info
 from torchmetrics import Metric
 from typing_extensions import override
@@ -85,6 +87,27 @@ class StepMetrics:
         # epoch's end when the resumed run starts there.
         self.saved_epoch_loss: dict[str, Any] | None = None
         self.epoch_loss_logged = False  # train_loss_epoch logged for the current epoch: a checkpoint now needs none
+        # Under DDP, the gloo group that sums the epoch's loss over the ranks for a checkpoint (open_save_group).
+        self.save_group: Any = None
+
+    def open_save_group(self, trainer: pl.Trainer) -> None:
+        """At a fit's setup, under DDP: the process group of ``save_epoch_loss``'s sum over the ranks.
+
+        Its own gloo group, used by nothing else: a checkpoint's sum then cannot pair with another collective of the
+        default group, such as the progress bar's reduce of epoch metrics, which rank 0 alone runs at an epoch's end,
+        where a checkpoint may be saved next. Every rank makes it at the same point (a collective itself).
+        """
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized() and self.save_group is None:
+            # The DDP strategy keeps its timeout private; a rank that never reaches a save is bounded by it as well.
+            timeout = getattr(trainer.strategy, "_timeout", None)
+            timeout = timeout if isinstance(timeout, timedelta) else None
+            self.save_group = dist.new_group(backend="gloo", timeout=timeout)
+
+    def close_save_group(self) -> None:
+        """At a fit's teardown: the group of ``open_save_group`` taken down."""
+        if self.save_group is not None:
+            dist.destroy_process_group(self.save_group)
+            self.save_group = None
 
     def start_fit(self, global_step: int) -> None:
         """At the fit's start: the log interval starts at the end of this fit's first optimizer step."""
@@ -122,13 +145,23 @@ class StepMetrics:
         # A resume inside the epoch the checkpoint was saved in (Lightning then skips on_train_epoch_start):
         # train_loss_epoch goes on from the loss of the steps before it. A checkpoint saved after the epoch's end holds
         # none (save_epoch_loss): the run starts the next epoch, and its sums start at zero.
-        self._take_up_the_saved_epoch_loss(current_epoch)
+        self._take_up_the_saved_epoch_loss(trainer, current_epoch)
 
-    def _take_up_the_saved_epoch_loss(self, current_epoch: int) -> None:
+    def _take_up_the_saved_epoch_loss(self, trainer: pl.Trainer, current_epoch: int) -> None:
         saved, self.saved_epoch_loss = self.saved_epoch_loss, None
-        if saved is not None and saved.get("epoch") == current_epoch:
-            self.sums[3] = float(saved["sum"])
-            self.epoch_images = int(saved["images"])
+        if saved is None or saved.get("epoch") != current_epoch:
+            return
+        total, images = float(saved["sum"]), int(saved["images"])
+        if "ranks" in saved:
+            # The sums of every rank of the saving run (save_epoch_loss): this rank takes its share of the images and
+            # the loss in proportion, so that the ranks' shares add up to the checkpoint's, on any number of ranks.
+            # The DDP sampler gives every rank as many images; rank 0 takes what does not divide (the epoch's mean is
+            # then off by Lightning's integer mean of the counts, a part in the images per rank).
+            world, rank = trainer.world_size, trainer.global_rank
+            share = images // world + (images % world if rank == 0 else 0)
+            total, images = (total * share / images if images else 0.0), share
+        self.sums[3] = total
+        self.epoch_images = images
 
     def on_batch_end(self, module: ImageNetClassifier, batch_idx: int) -> None:
         """At a training batch's end: the interval logged at a log step; the clocks stopped after an epoch's last."""
@@ -236,7 +269,7 @@ class StepMetrics:
         # (a crash or a hang at the first epoch's end).
         # A checkpoint saved at the validation of an epoch's last batch, before the epoch's end: the resumed run starts
         # at that end (no batch before it), whose loss is the checkpoint's.
-        self._take_up_the_saved_epoch_loss(module.current_epoch)
+        self._take_up_the_saved_epoch_loss(module.trainer, module.current_epoch)
         images = self.epoch_images
         mean = self.sums[3] / max(images, 1)
         # max(images, 1): an epoch without images logs 0 (every rank has as many images under the DDP sampler).
@@ -246,14 +279,30 @@ class StepMetrics:
         self.epoch_loss_logged = True
 
     def save_epoch_loss(self, checkpoint: dict[str, Any], trainer: pl.Trainer | None, epoch: int) -> None:
-        """The epoch's loss so far into ``checkpoint``, for train_loss_epoch after a resume before the epoch's end."""
-        # One small copy to the host, at a checkpoint only. Under DDP rank 0 writes the file: every rank resumes with
-        # rank 0's share, an estimate of its own; on one device the resumed epoch logs the uninterrupted run's mean.
+        """The epoch's loss so far into ``checkpoint``, for train_loss_epoch after a resume before the epoch's end.
+
+        Under DDP a collective of every rank on ``save_group`` (Lightning's ``save_checkpoint`` runs this hook on every
+        rank, between two barriers); ``ranks`` records that the sums are every rank's.
+        """
         # Not once the epoch's end logged it: the resumed run starts the next epoch, its loss from zero. Before that
-        # end, also at the validation of the epoch's last batch: the resumed run starts at the epoch's end.
-        if trainer is not None and trainer.state.fn == "fit" and not self.epoch_loss_logged:
-            checkpoint["train_epoch_loss"] = {"epoch": epoch, "sum": float(self.sums[3]), "images": self.epoch_images}
+        # end, also at the validation of the epoch's last batch: the resumed run starts at the epoch's end. The same
+        # decision on every rank (the flag is set in the same hook everywhere).
+        if trainer is None or trainer.state.fn != "fit" or self.epoch_loss_logged:
+            return
+        # One small copy to the host, at a checkpoint only. Rank 0 writes the file, so it holds the sum over every
+        # rank: the resumed run's epoch mean is then the uninterrupted run's (rank 0's own share stood for each
+        # rank's before, an estimate).
+        saved: dict[str, Any] = {"epoch": epoch, "sum": float(self.sums[3]), "images": self.epoch_images}
+        if self.save_group is not None:
+            totals = torch.tensor([saved["sum"], saved["images"]], dtype=torch.float64)
+            dist.all_reduce(totals, group=self.save_group)
+            saved.update(sum=totals[0].item(), images=int(totals[1].item()), ranks=dist.get_world_size(self.save_group))
+        elif trainer.world_size == 1:
+            saved["ranks"] = 1
+        # Else (a save on several ranks outside a fit's setup and teardown): this rank's share, without "ranks", which
+        # every rank takes as its own on resume, as checkpoints from before the sum over the ranks.
+        checkpoint["train_epoch_loss"] = saved
 
     def restore_epoch_loss(self, checkpoint: dict[str, Any]) -> None:
-        """The checkpoint's share of its epoch's loss, taken up at the first batch (``on_batch_start``)."""
+        """The checkpoint's epoch loss so far, taken up at the first batch (``on_batch_start``), each rank its share."""
         self.saved_epoch_loss = checkpoint.get("train_epoch_loss")

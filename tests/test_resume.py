@@ -364,3 +364,27 @@ def epoch_losses(run_dir: Path) -> dict[str, float]:
     with open(run_dir / "logs" / "fixed" / "metrics.csv", newline="") as f:
         rows = [row for row in csv.DictReader(f) if row.get("train_loss_epoch")]
     return {row["epoch"]: float(row["train_loss_epoch"]) for row in rows}
+
+
+def test_a_ddp_resume_inside_an_epoch_logs_the_mean_over_every_ranks_images(tiny_args, data_root, tmp_path) -> None:
+    """Two CPU ranks (gloo) stopped after epoch 0's first step, resumed to its end: the epoch's train_loss_epoch is the
+    mean over every rank's images of the three steps, not one in which rank 0's share of the first step stands for
+    rank 1's too. Each rank's per-step loss comes from the step probe."""
+    command = train_command(tiny_args, data_root, tmp_path)
+    command += ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.workers", "0"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRIPTS), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    last = checkpoint_dir(tmp_path) / "last.ckpt"
+    steps_per_epoch = 3  # 50 images, 25 per rank, batches of 8, drop_last
+    stop, resume = ["--trainer.max_steps", "1"], ["--trainer.max_steps", str(steps_per_epoch), "--ckpt_path", str(last)]
+    for extra in (stop, resume):
+        done = subprocess.run(
+            command + extra, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        if extra is stop:
+            saved = torch.load(last, map_location="cpu", weights_only=False)["train_epoch_loss"]
+            assert (saved["epoch"], saved["images"], saved["ranks"]) == (0, 2 * 8, 2)
+    losses = {(r["rank"], r["step"]): r["loss"] for r in read_records(tmp_path / "steps.jsonl") if "step" in r}
+    assert sorted(losses) == [(rank, step) for rank in (0, 1) for step in range(steps_per_epoch)]
+    assert losses[0, 0] != pytest.approx(losses[1, 0], rel=1e-3)  # the ranks' first steps differ: the test can fail
+    assert epoch_losses(tmp_path)["0"] == pytest.approx(sum(losses.values()) / len(losses), rel=1e-6)
