@@ -40,7 +40,8 @@ SUMMARY_SETTINGS = {
 HEADLINE = ("model.arch", "trainer.precision", "data.batch_size", "world_size", "device_name")
 #: Why a report may record no settings.
 NO_SETTINGS = (
-    "a report made from Kineto traces has its run's config.yaml's, when step_report.py finds one beside traces/"
+    "a report made from Kineto traces has those the profiling window recorded in them, or, in older traces, its run's "
+    "config.yaml's, when step_report.py finds one beside traces/"
 )
 
 

@@ -281,8 +281,9 @@ class StepMetrics:
     def save_epoch_loss(self, checkpoint: dict[str, Any], trainer: pl.Trainer | None, epoch: int) -> None:
         """The epoch's loss so far into ``checkpoint``, for train_loss_epoch after a resume before the epoch's end.
 
-        Under DDP a collective of every rank on ``save_group`` (Lightning's ``save_checkpoint`` runs this hook on every
-        rank, between two barriers); ``ranks`` records that the sums are every rank's.
+        Under DDP a collective of every rank on ``save_group``: Lightning's ``save_checkpoint`` runs this hook on every
+        rank (and ends with a barrier, so every rank calls it for every save); ``ranks`` records that the sums are every
+        rank's.
         """
         # Not once the epoch's end logged it: the resumed run starts the next epoch, its loss from zero. Before that
         # end, also at the validation of the epoch's last batch: the resumed run starts at the epoch's end. The same

@@ -38,7 +38,16 @@ import report_compare
 from atomic_files import atomic_write
 from config_yaml import read_mapping, section_options
 from report_render import between_text, markdown, ranks_text, render_png
-from trace_summary import INPUT_COPY_MIN_BYTES, PHASES, TRACE_NAME_RE, copy_stats, load_trace, summarize_trace
+from trace_summary import (
+    INPUT_COPY_MIN_BYTES,
+    PHASES,
+    TRACE_NAME_RE,
+    copy_stats,
+    kineto_setup,
+    load_trace,
+    recorded_setup,
+    summarize_trace,
+)
 
 #: Thresholds of the verdict.
 DATA_WAIT_PCT = 5.0  # data wait above this share of the step: input-bound
@@ -509,16 +518,10 @@ def _run_config(traces: Path) -> dict:
     return {}
 
 
-def _batch_size_from_config(config: dict) -> int | None:
-    """``data.batch_size`` of a run's config, if any."""
-    size = section_options(config, "data").get("batch_size")
-    return size if isinstance(size, int) else None
-
-
 def _setup_from_config(config: dict) -> dict:
-    """A report made from traces: the run's settings from its config, under the names the live report records
-    (``callbacks/step_timer.py``'s ``run_setup``); what only the live run knows (the GPU, torch, the world size) is
-    left out."""
+    """A report made from traces that record no settings of their own: the run's settings from its config, under the
+    names the live report records (``callbacks/step_timer.py``'s ``run_setup``); what only the live run knows (the
+    GPU, torch, the world size) is left out, and taken from what Kineto recorded where it did (``kineto_setup``)."""
     setup = {
         f"{name}.{key}": value
         for name in ("model", "data")
@@ -594,7 +597,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line: reports from Kineto traces (one per window, all ranks) and the summaries of earlier reports."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="run folders, Kineto traces (*.pt.trace.json[.gz]) or report JSONs")
-    parser.add_argument("--batch-size", type=int, help="images per micro-batch per rank (default: the run's config)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        help="images per micro-batch per rank (default: what the trace records, else the run's config.yaml)",
+    )
     parser.add_argument("--out", help="folder for reports made from traces (default: <run folder>/step_report)")
     parser.add_argument(
         "--compare",
@@ -628,18 +635,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"step_report: {named} are both rank {twice}'s trace of steps {window} (a copy, e.g. gzipped): the "
                 "rank would count twice; pass one of them"
             )
-        # One run folder per group: its config, read once, gives every rank's batch size and settings.
+        # One run folder per group: its config, read once, gives the batch size and settings of every rank whose
+        # trace records none of its own.
         config = _run_config(folder)
-        batch = args.batch_size or _batch_size_from_config(config)
-        setup = _setup_from_config(config) if config else None
-        if setup is not None and args.batch_size:
-            setup["data.batch_size"] = args.batch_size
+        from_config = _setup_from_config(config) if config else {}
         summaries = []
         for rank, trace in members:
             try:
-                summaries.append(summarize_trace(load_trace(trace), rank=rank, batch_size=batch))
-                if setup is not None:
-                    summaries[-1]["setup"] = dict(setup)
+                loaded = load_trace(trace)
+                # The settings the profiling window recorded in the trace, exactly a live report's: a trace copied
+                # away from its run folder compares as well. Else the config's, and what Kineto recorded.
+                setup = recorded_setup(loaded) or {**from_config, **kineto_setup(loaded)}
+                if args.batch_size:
+                    setup["data.batch_size"] = args.batch_size
+                batch = setup.get("data.batch_size")
+                summaries.append(
+                    summarize_trace(loaded, rank=rank, batch_size=batch if isinstance(batch, int) else None)
+                )
+                if setup:
+                    summaries[-1]["setup"] = setup
             except (ValueError, KeyError, OSError, TypeError, AttributeError) as error:
                 # A file that is JSON but not this app's trace (values of the wrong type, no ranges) included.
                 raise SystemExit(f"step_report: {trace}: {type(error).__name__}: {error}") from error

@@ -32,6 +32,9 @@ EPOCH_START = "epoch start"
 #: HtoD copies smaller than this in a trace are not input batches (a logged scalar, an index): not judged.
 INPUT_COPY_MIN_BYTES = 64 * 1024
 TRACE_NAME_RE = re.compile(r"rank(\d+)_steps(\d+)-(\d+)")
+#: The top-level key of a trace under which the profiling window records its run's settings (``step_timer.run_setup``:
+#: every model and data option, the precision, the world size, the GPU, torch), as a live step report records them.
+SETUP_KEY = "imagenet_prof_setup"
 
 Interval = tuple[float, float]
 
@@ -100,6 +103,36 @@ def load_trace(path: str | Path) -> dict:
     if not isinstance(trace, dict):
         raise ValueError(f"not a Kineto trace: a JSON {type(trace).__name__} where an object with traceEvents is")
     return trace
+
+
+def recorded_setup(trace: dict) -> dict[str, Any] | None:
+    """The run's settings the profiling window wrote into ``trace`` (:data:`SETUP_KEY`); ``None`` for a trace
+    without them (another tool's, or this application's before it recorded them)."""
+    setup = trace.get(SETUP_KEY)
+    return dict(setup) if isinstance(setup, dict) else None
+
+
+def kineto_setup(trace: dict) -> dict[str, Any]:
+    """What Kineto itself records of the run, under the names of a live report's settings: ``device_name`` (the GPU
+    the trace's kernels ran on, from ``deviceProperties``) and ``world_size`` (``distributedInfo``); a key is left out
+    where the trace does not tell."""
+    setup: dict[str, Any] = {}
+    devices = trace.get("deviceProperties")
+    names = {d.get("id"): d.get("name") for d in devices if isinstance(d, dict)} if isinstance(devices, list) else {}
+    events = trace.get("traceEvents")
+    used = {
+        (e.get("args") or {}).get("device")
+        for e in (events if isinstance(events, list) else [])
+        if isinstance(e, dict) and e.get("cat") == "kernel"
+    }
+    # The GPUs the kernels ran on; every GPU the process saw when the trace names none of them.
+    seen = {names[d] for d in used if d in names} or set(names.values())
+    if len(seen) == 1 and isinstance(name := next(iter(seen)), str) and name:
+        setup["device_name"] = name
+    world_size = (trace.get("distributedInfo") or {}).get("world_size")
+    if isinstance(world_size, int) and world_size >= 1:
+        setup["world_size"] = world_size
+    return setup
 
 
 def summarize_trace(trace: dict, rank: int | None = None, batch_size: int | None = None) -> dict:

@@ -36,6 +36,7 @@ phase on the host and the GPU, per rank, and whether the input copies overlap co
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -53,9 +54,10 @@ from pytorch_lightning.utilities.rank_zero import rank_prefixed_message
 from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
 
 from callbacks.ranges import CHECKPOINT, EPOCH_END, EPOCH_START, VALIDATION, RangeStack
-from callbacks.step_timer import StepTimer
+from callbacks.step_timer import StepTimer, trainer_setup
 from checkpoint_io import why_unwritable
 from epoch_steps import optimizer_steps_per_epoch
+from trace_summary import SETUP_KEY
 
 #: Lightning's console logger (INFO is shown), for what a rank other than 0 says.
 _log = logging.getLogger("pytorch_lightning.profile")
@@ -538,6 +540,10 @@ class ProfilerWindow(Callback):
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             self._kineto = torch.profiler.profile(activities=activities, record_shapes=self.record_shapes)
             self._kineto.start()
+            # The run's settings in the trace itself, as a live step report records them: step_report.py makes a
+            # report of the trace alone (copied away from its run folder) that --compare tells apart from another
+            # run's by every setting, the GPU and torch included.
+            self._kineto.add_metadata_json(SETUP_KEY, json.dumps(trainer_setup(trainer)))
             self.ranges.kineto = True
 
     def _close_window(self, export: bool = True) -> None:

@@ -304,6 +304,13 @@ class StepTimer:
         return result, files
 
 
+def trainer_setup(trainer: pl.Trainer) -> dict[str, Any]:
+    """:func:`run_setup` of the trainer's module and data module (no options of a module without ``hparams``)."""
+    hparams = getattr(getattr(trainer, "lightning_module", None), "hparams", None) or {}
+    data_hparams = getattr(getattr(trainer, "datamodule", None), "hparams", None) or {}
+    return run_setup(trainer, hparams, data_hparams)
+
+
 def run_setup(trainer: pl.Trainer, hparams: Any, data_hparams: Any) -> dict[str, Any]:
     """What the window ran, recorded in the summary so that ``step_report.py --compare`` can say how two reports'
     runs differ (a speed-up from bf16 is not one from a new kernel): every model and data option under its

@@ -15,6 +15,7 @@ import report_compare
 import step_report
 from callbacks import ProfilerWindow
 from step_report import build_report
+from trace_summary import SETUP_KEY
 
 
 def summary(forward: list[float], gpu: bool = True, setup: dict | None = None, images: int = 256,
@@ -147,7 +148,7 @@ def test_settings_that_differ_or_that_one_report_lacks_are_named():
     trace = {k: v for k, v in summary([40] * 6).items() if k not in report_compare.SUMMARY_SETTINGS}
     trace["input"] = "trace"
     text = report_compare.markdown(report_compare.compare(build_report([trace]), b), ("a", "b"))
-    assert "A records no settings (a report made from Kineto traces has its run's config.yaml's" in text
+    assert "A records no settings (a report made from Kineto traces has those the profiling window recorded" in text
     assert "input" not in report_compare.settings(build_report([trace]))
 
 
@@ -347,13 +348,45 @@ def test_two_real_cpu_runs_reports_record_their_settings_and_compare(tmp_path, c
     assert "| host clock |" in out and "Spread: B's step is" in out
 
 
+def test_a_report_made_from_the_apps_trace_alone_has_the_live_reports_settings(tmp_path, capsys):
+    """The window records its run's settings in the Kineto trace: a report made from the trace alone, copied away from
+    its run folder (no config.yaml), holds the live report's settings (the device, torch and world size included) and
+    batch size, and compares with the live report without a difference."""
+    run = tmp_path / "run"
+    window = ProfilerWindow(start_step=2, num_steps=5, torch_profiler=True, trace_dir=str(run / "traces"))
+    fit_with_window(run, window, max_steps=8)
+    (live,) = run.rglob("step_report/window_2-6.json")
+    (trace,) = (run / "traces").glob("rank0_steps2-6.pt.trace.json")
+    copied = tmp_path / "copied" / trace.name
+    copied.parent.mkdir()
+    copied.write_bytes(trace.read_bytes())
+    assert step_report.main([str(copied)]) == 0
+    (made,) = (tmp_path / "copied").rglob("window_2-6.kineto.json")
+    live_setup, made_report = json.loads(live.read_text())["ranks"][0]["setup"], json.loads(made.read_text())
+    assert made_report["ranks"][0]["setup"] == live_setup
+    assert {k: live_setup[k] for k in ("world_size", "device_name", "torch", "data.batch_size")} == {
+        "world_size": 1, "device_name": "cpu", "torch": torch.__version__, "data.batch_size": 4
+    }  # fmt: skip
+    assert [step["images"] for step in made_report["ranks"][0]["steps"]] == [4] * 5  # the recorded batch size
+    capsys.readouterr()
+    assert step_report.main(["--compare", str(live), str(made)]) == 0
+    out = capsys.readouterr().out
+    assert f"No setting differs of the {len(live_setup)} both reports record: model.arch resnet18" in out
+    assert "Not compared" not in out and "records no settings" not in out
+
+
 def test_a_report_made_from_kineto_traces_takes_its_settings_from_the_runs_config(tmp_path, capsys):
-    """``python step_report.py RUN`` on traces: the run's config.yaml gives the report the settings a live one
-    records under the same names, so a live report and a trace's compare on them."""
+    """``python step_report.py RUN`` on traces that record no settings (an older version's): the run's config.yaml
+    gives the report the settings a live one records under the same names, so a live report and a trace's compare on
+    them."""
     run = tmp_path / "run"
     window = ProfilerWindow(start_step=2, num_steps=5, torch_profiler=True, trace_dir=str(run / "traces"),
                             report=False)  # fmt: skip
     fit_with_window(run, window, max_steps=8)
+    (trace,) = (run / "traces").glob("*.pt.trace.json")
+    recorded = json.loads(trace.read_text())
+    del recorded[SETUP_KEY]
+    trace.write_text(json.dumps(recorded))
     (run / "config.yaml").write_text(
         "trainer:\n  precision: bf16-mixed\n  accumulate_grad_batches: 1\nmodel:\n  arch: resnet18\n"
         "  channels_last: false\ndata:\n  class_path: datamodule.ImageNetDataModule\n  init_args:\n    batch_size: 4\n"

@@ -878,6 +878,12 @@ def test_gpu_window_reports_gpu_times_pinned_copies_and_overlap(tmp_path: Path, 
     assert sorted(p.name for p in (tmp_path / "run" / "step_report").iterdir()) == [
         "window_3-5.json", "window_3-5.md", "window_3-5.png",
     ]  # fmt: skip
+    if torch_profiler:  # the GPU as the window recorded it in the trace, and as Kineto did (the kernels' device)
+        (trace,) = window.trace_files
+        loaded = trace_summary.load_trace(trace)
+        assert trace_summary.recorded_setup(loaded) == rank["setup"]
+        assert rank["setup"]["device_name"] == torch.cuda.get_device_name(0)
+        assert trace_summary.kineto_setup(loaded)["device_name"] == torch.cuda.get_device_name(0)
 
 
 class _MatmulChain(pl.LightningModule):
@@ -1002,3 +1008,25 @@ def test_a_rank_without_steps_and_the_rank_of_the_largest_data_wait(tmp_path: Pa
     assert report["overall"]["data_pct_max"] == 9.0 and report["overall"]["data_pct_max_rank"] == 2
     assert report["stragglers"] == []
     assert [p.suffix for p in step_report.write_report(report, tmp_path)] == [".json", ".md", ".png"]
+
+
+def test_what_kineto_records_of_the_gpu_and_the_world_size_is_read_as_settings():
+    """A trace without the window's settings (another tool's, or an older version's): the GPU its kernels ran on and
+    the world size, from Kineto's own metadata, under a live report's names; nothing where the trace does not tell."""
+    trace = handmade_trace()
+    trace["deviceProperties"] = [{"id": 0, "name": "NVIDIA H200"}, {"id": 1, "name": "NVIDIA H100 80GB HBM3"}]
+    trace["distributedInfo"] = {"backend": "nccl", "rank": 1, "world_size": 2}
+    for event in trace["traceEvents"]:
+        if event.get("cat") == "kernel":
+            event["args"]["device"] = 1
+    assert trace_summary.recorded_setup(trace) is None
+    assert trace_summary.kineto_setup(trace) == {"device_name": "NVIDIA H100 80GB HBM3", "world_size": 2}
+    for event in trace["traceEvents"]:  # kernels that name no device: two models seen, none said
+        event.get("args", {}).pop("device", None)
+    assert trace_summary.kineto_setup(trace) == {"world_size": 2}
+    trace["deviceProperties"] = [{"id": 0, "name": "NVIDIA H200"}, {"id": 1, "name": "NVIDIA H200"}]
+    del trace["distributedInfo"]
+    assert trace_summary.kineto_setup(trace) == {"device_name": "NVIDIA H200"}
+    assert trace_summary.kineto_setup({"deviceProperties": [], "traceEvents": []}) == {}  # a CPU trace
+    trace[trace_summary.SETUP_KEY] = {"model.arch": "resnet50", "world_size": 8}
+    assert trace_summary.recorded_setup(trace) == {"model.arch": "resnet50", "world_size": 8}
