@@ -367,15 +367,17 @@ def epoch_losses(run_dir: Path) -> dict[str, float]:
 
 
 def test_a_ddp_resume_inside_an_epoch_logs_the_mean_over_every_ranks_images(tiny_args, data_root, tmp_path) -> None:
-    """Two CPU ranks (gloo) stopped after epoch 0's first step, resumed to its end: the epoch's train_loss_epoch is the
-    mean over every rank's images of the three steps, not one in which rank 0's share of the first step stands for
-    rank 1's too. Each rank's per-step loss comes from the step probe."""
+    """Two CPU ranks (gloo) stopped after epoch 0's first step, resumed on three to its end: the epoch's
+    train_loss_epoch is the mean over every image its steps trained on, each rank's loss from the step probe; not one
+    in which rank 0's share of the first step stands for the others' too, nor one skewed by the unequal shares of the
+    checkpoint's 16 images that the three ranks take up (6, 5 and 5)."""
     command = train_command(tiny_args, data_root, tmp_path)
-    command += ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.workers", "0"]
+    command += ["--trainer.strategy", "ddp", "--data.workers", "0"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRIPTS), str(REPO), os.environ.get("PYTHONPATH", "")]))
     last = checkpoint_dir(tmp_path) / "last.ckpt"
-    steps_per_epoch = 3  # 50 images, 25 per rank, batches of 8, drop_last
-    stop, resume = ["--trainer.max_steps", "1"], ["--trainer.max_steps", str(steps_per_epoch), "--ckpt_path", str(last)]
+    # 50 images in batches of 8, drop_last: 25 a rank on two, 3 steps an epoch; 17 (one padded) on three, 2 steps.
+    stop = ["--trainer.devices", "2", "--trainer.max_steps", "1"]
+    resume = ["--trainer.devices", "3", "--trainer.max_steps", "2", "--ckpt_path", str(last)]
     for extra in (stop, resume):
         done = subprocess.run(
             command + extra, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
@@ -385,6 +387,6 @@ def test_a_ddp_resume_inside_an_epoch_logs_the_mean_over_every_ranks_images(tiny
             saved = torch.load(last, map_location="cpu", weights_only=False)["train_epoch_loss"]
             assert (saved["epoch"], saved["images"], saved["ranks"]) == (0, 2 * 8, 2)
     losses = {(r["rank"], r["step"]): r["loss"] for r in read_records(tmp_path / "steps.jsonl") if "step" in r}
-    assert sorted(losses) == [(rank, step) for rank in (0, 1) for step in range(steps_per_epoch)]
+    assert sorted(losses) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 1)]
     assert losses[0, 0] != pytest.approx(losses[1, 0], rel=1e-3)  # the ranks' first steps differ: the test can fail
     assert epoch_losses(tmp_path)["0"] == pytest.approx(sum(losses.values()) / len(losses), rel=1e-6)

@@ -116,7 +116,8 @@ def test_one_device_saves_its_epoch_loss_as_every_ranks() -> None:
 
 
 def _save_on_two_ranks(rank: int, port: int, out: str) -> None:
-    """One of two gloo ranks: its own epoch sums, a checkpoint's, then two more saves and the group taken down."""
+    """One of two gloo ranks: its own epoch sums, two checkpoints' and one after the epoch's end, then the group made
+    anew over a leftover one, taken down, and taken down after the world itself."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     metrics, trainer = StepMetrics(), save_trainer(2)
@@ -132,9 +133,15 @@ def _save_on_two_ranks(rank: int, port: int, out: str) -> None:
     checkpoint = {}
     metrics.save_epoch_loss(checkpoint, trainer, epoch=0)
     assert "train_epoch_loss" not in checkpoint
+    first = metrics.save_group
+    metrics.open_save_group(trainer)  # a group left by an earlier fit (one that raised: no teardown) is made anew
+    assert metrics.save_group is not None and metrics.save_group is not first
     metrics.close_save_group()
     assert metrics.save_group is None
-    dist.destroy_process_group()
+    metrics.open_save_group(trainer)
+    dist.destroy_process_group()  # the world taken down before the module's teardown: its group went with it
+    metrics.close_save_group()
+    assert metrics.save_group is None
     torch.save(saved, os.path.join(out, f"rank{rank}.pt"))
 
 
