@@ -537,6 +537,17 @@ def _setup_from_config(config: dict) -> dict:
     return setup
 
 
+def _images_per_batch(value: str) -> int:
+    """``--batch-size``: a whole number of images >= 1 (argparse says the option's name with the message)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"images per micro-batch per rank, a whole number >= 1, got {value!r}")
+    return number
+
+
 def _collect(paths: Sequence[str]) -> tuple[list[Path], list[Path]]:
     traces, reports = [], []
     for name in paths:
@@ -599,7 +610,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", help="run folders, Kineto traces (*.pt.trace.json[.gz]) or report JSONs")
     parser.add_argument(
         "--batch-size",
-        type=int,
+        type=_images_per_batch,
         help="images per micro-batch per rank (default: what the trace records, else the run's config.yaml)",
     )
     parser.add_argument("--out", help="folder for reports made from traces (default: <run folder>/step_report)")

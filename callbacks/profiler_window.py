@@ -178,6 +178,12 @@ class ProfilerWindow(Callback):
             raise ValueError(
                 "profile.record_shapes applies to profile.emit_nvtx or profile.torch_profiler; turn one on"
             )
+        if trace_dir is not None and not torch_profiler:
+            # The folder of the Kineto traces only (the step report goes to the run folder's step_report/).
+            raise ValueError(
+                f"profile.trace_dir {trace_dir} applies to profile.torch_profiler (where its Kineto traces go); turn "
+                "it on (--profile.torch_profiler true), or leave profile.trace_dir unset"
+            )
         self.windows = sorted((s, s + num_steps) for s in starts)
         for (a_start, a_end), (b_start, b_end) in zip(self.windows, self.windows[1:], strict=False):
             if b_start < a_end:
@@ -212,6 +218,7 @@ class ProfilerWindow(Callback):
         self._warned: set[str] = set()
         self._limit_val_batches: int | float | None = None  # the trainer's, while exit_after skips validation
         self._epoch_starting = False  # the next fetch is the first of an epoch, or of this process's training
+        self._last_step: int | None = None  # the run's last optimizer step, where its length is known
 
     @property
     def enabled(self) -> bool:
@@ -257,6 +264,7 @@ class ProfilerWindow(Callback):
         self._epoch_starting = True
         total = trainer.estimated_stepping_batches
         first = trainer.global_step
+        self._last_step = int(total) - 1 if 0 <= total < math.inf else None
         last_start, last_end = self.windows[-1]
         if self.exit_after and last_start < first:
             # The last window can no longer be recorded whole, so exit_after's stop would never come: this profiling
@@ -319,7 +327,15 @@ class ProfilerWindow(Callback):
 
     def _end_step(self, trainer: pl.Trainer) -> None:
         step = self._step
-        closing = self._window is not None and step == self._window[1] - 1
+        # A window the run's end cuts short closes with the run's last step (trainer.max_steps/max_epochs, or a stop
+        # set before this hook: trainer.should_stop, the same on every rank), as a whole window closes with its own:
+        # the validation, the epoch's end and the checkpoints after it are not captured. Where the run's length is
+        # unknown, or its stop comes later, the window closes at on_train_end, with them.
+        stopping = trainer.should_stop and getattr(trainer.fit_loop, "_can_stop_early", True)
+        closing = self._window is not None and (step == self._window[1] - 1 or step == self._last_step or stopping)
+        if closing and self._window is not None and step is not None and step < self._window[1] - 1:
+            # Named by the steps it holds (its trace file and report alike), not the steps asked for.
+            self._window = (self._window[0], step + 1)
         if self.timer.active and step is not None:
             self.timer.end_phases(step)
             self.timer.end(step, "step")

@@ -328,8 +328,36 @@ def test_a_window_cut_short_by_the_end_of_training_is_named_by_the_steps_it_hold
     assert [e["name"] for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("step ")] == [
         "step 3", "step 4",
     ]  # fmt: skip
+    # Closed with the run's last step, as a whole window closes with its own: what the fit's end runs after it (the
+    # epoch's end, the stop's metrics row) is not in the capture.
+    names = {e["name"] for e in events if e.get("cat") == "user_annotation"}
+    assert {"data", "forward", "backward", "optimizer"} <= names
+    assert not names & {"validation", "epoch end", "checkpoint", "metrics"}
     assert sorted(p.name for p in window.report_files) == ["window_3-4.json", "window_3-4.md", "window_3-4.png"]
     assert window.reports[0]["ranks"][0]["source"] == "host+kineto"  # the report found its trace
+
+
+class _StopAfter(pl.Callback):
+    """Sets ``trainer.should_stop`` at the end of optimizer step ``step`` (as a preemption or a time limit does)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step + 1:
+            trainer.should_stop = True
+
+
+def test_a_window_a_stop_cuts_short_closes_with_the_stops_step(tmp_path, recorder):
+    """A stop set before the window's hook (a callback ahead of it) at step 4 of a window of steps 3..7: the trace
+    holds steps 3 and 4, not the epoch's end and the metrics row that follow the stop."""
+    window = ProfilerWindow(start_step=3, num_steps=5, torch_profiler=True)
+    trainer = fit_with_window(tmp_path, _StopAfter(4), 20, extra=[window])  # the stop's hook runs first
+    assert trainer.global_step == 5
+    (trace,) = window.trace_files
+    assert trace.name == "rank0_steps3-4.pt.trace.json"
+    names = {e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "user_annotation"}
+    assert {"step 3", "step 4", "forward"} <= names and not names & {"epoch end", "metrics", "step 5"}
 
 
 def test_a_window_after_the_last_step_warns_and_no_window_at_all_is_refused(tmp_path, recorder):
@@ -521,6 +549,7 @@ def test_exception_with_kineto_stops_the_profiler(tmp_path, recorder):
         ({"start_step": 1, "ranks": []}, "ranks must be"),
         ({"start_step": 1, "ranks": [0, 0]}, r"profile\.ranks must be distinct .*got \[0, 0\]"),
         ({"start_step": 1, "record_shapes": True}, "record_shapes applies"),
+        ({"start_step": 1, "trace_dir": "t"}, r"profile\.trace_dir t applies to profile\.torch_profiler .*turn it on"),
     ],
 )
 def test_nonsense_is_rejected_at_construction(kwargs, match):

@@ -1030,3 +1030,13 @@ def test_what_kineto_records_of_the_gpu_and_the_world_size_is_read_as_settings()
     assert trace_summary.kineto_setup({"deviceProperties": [], "traceEvents": []}) == {}  # a CPU trace
     trace[trace_summary.SETUP_KEY] = {"model.arch": "resnet50", "world_size": 8}
     assert trace_summary.recorded_setup(trace) == {"model.arch": "resnet50", "world_size": 8}
+
+
+@pytest.mark.parametrize("value", ["-4", "0", "2.5", "abc"])
+def test_a_batch_size_that_is_no_count_of_images_is_refused(tmp_path, capsys, value):
+    """``--batch-size -4`` printed a negative images/s and exited 0, and 0 gave n/a: refused, naming the option."""
+    with pytest.raises(SystemExit) as exit_info:
+        step_report.main([str(tmp_path), "--batch-size", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --batch-size: images per micro-batch per rank, a whole number >= 1, got '{value}'" in err
