@@ -108,13 +108,20 @@ def shorter_share(a: list[float], b: list[float]) -> float:
 
 
 def _rate_and_data(report: dict, clock: str) -> tuple[float | None, float | None]:
-    """images/s (all ranks) and the mean data wait (% of the step) on ``clock``: the report's own figures on the GPU's
-    clock, the ranks' host figures on the host's (a GPU report's headline rate is the GPU's)."""
+    """images/s (the run's: all its ranks) and the mean data wait (% of the step) on ``clock``: the report's own
+    figures on the GPU's clock, the ranks' host figures on the host's (a GPU report's headline rate is the GPU's).
+
+    A report of some ranks' traces (``profile.ranks``) sums those ranks' rates only: its rate is scaled to the run's
+    ranks, as its steps' images are (``per_step``), so that it compares with a report of every rank of the same run.
+    """
+    ranks = report["overall"].get("run_world_size") or len(report["ranks"])
     if clock == "gpu":
-        return report["overall"].get("images_per_s"), report["overall"].get("data_pct")
+        rate = report["overall"].get("images_per_s")
+        scaled = round(rate * ranks / len(report["ranks"]), 2) if rate else rate
+        return scaled, report["overall"].get("data_pct")
     stats = [r["stats"] for r in report["ranks"] if r["steps"]]
     rates = [s.get("host_images_per_s") for s in stats]
-    rate = round(sum(rates), 2) if rates and None not in rates else None
+    rate = round(sum(rates) * ranks / len(rates), 2) if rates and None not in rates else None
     return rate, round(statistics.fmean(s["host"]["pct"]["data"] for s in stats), 2)
 
 

@@ -175,6 +175,13 @@ def test_a_report_of_some_ranks_or_with_a_rank_short_of_a_step_counts_the_runs_i
     for other in (rank0, short):
         result = report_compare.compare(full, other)
         assert result["unit"] == "ms" and result["change"]["total"] == 0, result
+    # The run's images/s on either clock: rank 0's trace alone read as half the run's rate (a speed-up of 0.5).
+    host = build_report([summary([40] * 6, gpu=False), summary([40] * 6, gpu=False, rank=1)])
+    host_rank0 = build_report([summary([40] * 6, gpu=False, world_size=2)])
+    for a, b, clock in ((full, rank0, "gpu"), (host, host_rank0, "host")):
+        result = report_compare.compare(a, b)
+        assert result["clock"] == clock and result["speedup"] == 1.0, result["images_per_s"]
+        assert result["images_per_s"]["A"] == pytest.approx(2 * 256 / 0.098, rel=1e-3)
 
 
 def test_a_short_last_batch_in_both_windows_is_compared_per_image_weighted_by_images():
