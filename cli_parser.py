@@ -48,6 +48,7 @@ class ReadableErrorsParser(LightningArgumentParser):
         cwd = getattr(self, "_cwd", os.getcwd())
         message = _name_the_config_file(message, self._given or [], cwd)
         message = _name_the_file_that_is_no_mapping(message, self._given or [], cwd)
+        message = _union_in_one_line(message)
         hints = _suggestion(message, parser, self._given or [], cwd) + _precision_hint(message)
         hints += _num_classes_hint(message)
         hints += _subcommand_first_hint(message) + _config_file_hint(message, self._given or [], cwd)
@@ -188,6 +189,39 @@ def _empty_section_hint(message: str) -> str:
 
 #: ``trainer.precision`` values, for the hint under jsonargparse's dump of the type's union.
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
+
+
+_UNION = re.compile(
+    r'^(Parser key "[\w.]+"):\n\s*Does not validate against any of the Union subtypes\n\s*Subtypes: \[(.*)\]\n'
+    r"(?:.*\n)*?\s*Given value: (.*)$"
+)
+#: jsonargparse's spelling of a plain subtype, and what the one-line error calls it.
+_PLAIN_TYPES = {"<class 'int'>": "an int", "<class 'float'>": "a float", "<class 'str'>": "a string",
+                "<class 'bool'>": "true/false", "<class 'NoneType'>": "null", "list[int]": "a list of ints ([1,2])",
+                "list[str]": "a list of strings"}  # fmt: skip
+
+
+def _union_in_one_line(message: str) -> str:
+    """jsonargparse's nine-line dump for a value that fits none of a key's types (``--profile.start_step 2.5``: each
+    subtype, the error of each, the given value's type, which on the command line is always str) as one line: the
+    value and what the key takes. Unions of other types (classes, whose errors tell what went wrong inside) and
+    ``trainer.precision`` (whose valid values are listed after it) keep the dump."""
+    found = _UNION.match(message)
+    if found is None:
+        return message
+    if found.group(1) == 'Parser key "trainer.precision"':  # Lightning's many spellings: _precision_hint lists them
+        return f"{found.group(1)}: {found.group(3)!r} is not a precision Lightning takes"
+    takes = []
+    for subtype in re.split(r",\s*(?![^\[]*\])", found.group(2)):
+        literal = re.fullmatch(r"typing\.Literal\[(.*)\]", subtype.strip())
+        if literal:
+            takes.append(f"one of {literal.group(1)}")
+        elif subtype.strip() in _PLAIN_TYPES:
+            takes.append(_PLAIN_TYPES[subtype.strip()])
+        else:
+            return message
+    expected = ", ".join(takes[:-1]) + f" or {takes[-1]}" if len(takes) > 1 else takes[0]
+    return f"{found.group(1)}: {found.group(3)!r} is not {expected}"
 
 
 def _precision_hint(message: str) -> str:

@@ -173,10 +173,30 @@ def test_a_config_file_without_keys_is_named(content, holds, tmp_path: Path, cap
 
 def test_a_wrong_precision_is_told_the_valid_values(capsys, monkeypatch) -> None:
     err = error_of(["fit", "--config", QUICKSTART, "--trainer.precision", "fp16"], capsys, monkeypatch)
-    assert err.splitlines()[-1] == (
+    assert err.splitlines()[-2:] == [
+        """error: Parser key "trainer.precision": 'fp16' is not a precision Lightning takes""",
         "valid trainer.precision: 32-true, bf16-mixed, 16-mixed, bf16-true, 16-true, 64-true (main_amp.py's O1/O2: "
-        "16-mixed)"
-    )
+        "16-mixed)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--profile.start_step", "2.5"], "start_step\": '2.5' is not an int, a list of ints ([1,2]) or null"),
+        (["--profile.start_step", "[1,20"], "start_step\": '[1,20' is not an int, a list of ints"),
+        (["--profile.ranks", "abc"], "ranks\": 'abc' is not a list of ints ([1,2]) or null"),
+        (["--trainer.limit_val_batches", "abc"], "limit_val_batches\": 'abc' is not an int, a float or null"),
+        (["--model.compile", "3"], "compile\": '3' is not one of 'default', 'reduce-overhead', 'max-autotune', "
+                                   "'max-autotune-no-cudagraphs' or null"),
+    ],
+)  # fmt: skip
+def test_a_value_of_none_of_a_keys_types_is_said_in_one_line(args, said, capsys, monkeypatch) -> None:
+    """jsonargparse's nine-line dump (each subtype, each one's error, the value's type, always str on the command
+    line) as one line: the value and what the key takes."""
+    err = error_of(["fit", "--config", QUICKSTART, *args], capsys, monkeypatch)
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert said in line and "Subtypes" not in err and "Given value" not in err
 
 
 def test_the_class_count_set_on_the_model_says_where_it_comes_from(capsys, monkeypatch) -> None:
