@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Verifies the profiling window in real Nsight Systems reports (run on a GPU machine, from the project root).
-#   bash bench/verify_profiling.sh OUTDIR [single|epoch|logstep|epochstart|epochlast|windows|lightning2|torchrun2|torchrunN|ncu ...]
+#   bash bench/verify_profiling.sh OUTDIR [single|epoch|logstep|epochstart|epochlast|cutshort|windows|lightning2|torchrun2|torchrunN|ncu ...]
 # single     : 1 process, ResNet-50 on the generated shapes JPEGs, window at step 20 for 10 steps,
 #              nsys --capture-range=cudaProfilerApi
 # epoch      : the same with 25 batches an epoch and validation on: the window crosses validation, a checkpoint and
@@ -11,6 +11,8 @@
 #              leave the loader's first fetch of the epoch out of the steps (before_window in the report's JSON)
 # epochlast  : a window ending at an epoch's last step (25 batches an epoch, window 20-24) with exit_after: the
 #              epoch's validation runs after the capture and writes its best checkpoint
+# cutshort   : a window the run's end cuts short (steps 55-64 asked, max_steps 60): the capture holds steps 55-59
+#              only, none of the fit's end after them (no kernel in an epoch end, metrics or checkpoint range)
 # windows    : two windows (steps 20-24 and 40-44) with --capture-range-end=repeat
 # lightning2 : 2 GPUs through Lightning's own launcher: one report holding both ranks
 # torchrun2  : 2 GPUs through torchrun, one report per rank (%q{RANK})
@@ -70,6 +72,16 @@ for stage in "$@"; do
     run python3 bench/check_nsys.py "$out/epochlast.sqlite" --steps 20-24
     # The epoch's validation ran after the capture: its best checkpoint is there, next to last.ckpt.
     run ls "$out/epochlast_run"/*/version_0/checkpoints/best-epoch000-*.ckpt ;;
+  cutshort)
+    run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/cutshort" \
+      python3 train.py "${common[@]}" --profile.start_step 55 --profile.num_steps 10
+    run quiet nsys export --type sqlite --force-overwrite true -o "$out/cutshort.sqlite" "$out/cutshort.nsys-rep"
+    run python3 bench/check_nsys.py "$out/cutshort.sqlite" --steps 55-59 > "$out/cutshort.json"
+    tail -5 "$out/cutshort.json"
+    run python3 -c "import json, sys
+between = [p['kernels_between_steps'] for r in json.load(open(sys.argv[1])) for p in r['processes'].values()]
+print('kernels between steps in the capture:', between)
+sys.exit(0 if between and not any(between) else 1)" "$out/cutshort.json" ;;
   windows)
     run nsys profile "${nsys_flags[@]}" --capture-range-end=repeat -o "$out/windows" \
       python3 train.py "${common[@]}" --profile.start_step '[20,40]' --profile.num_steps 5
