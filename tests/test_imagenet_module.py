@@ -310,6 +310,7 @@ def test_the_model_is_built_from_model_arch_and_model_weights(tmp_path: Path) ->
         ({"warmup_epochs": -1}, "model.warmup_epochs must be >= 0"),
         ({"lr_milestones": [60, 30]}, "model.lr_milestones must be increasing"),
         ({"lr_milestones": [0, 30]}, "model.lr_milestones must be increasing"),
+        ({"lr_milestones": [30, 30]}, r"model.lr_milestones must be increasing epochs >= 1, each once, got \[30, 30\]"),
         ({"label_smoothing": 1.0}, r"model.label_smoothing must be in \[0, 1\)"),
         ({"batch_size": 0}, "model.batch_size must be >= 1"),
         ({"compile_tuning": True}, r"model.compile_tuning .*set model.compile \(default, reduce-overhead"),
