@@ -218,6 +218,21 @@ def _check_trainer(trainer: Any) -> None:
             "the best by val_acc1; last_checkpoint: last.ckpt, which resumes exactly), which Lightning then "
             "refuses; to save no checkpoint, --checkpoint.save_top_k 0 --last_checkpoint.save_top_k 0"
         )
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, str):
+        start_method = "spawn" if "spawn" in strategy else None
+    else:
+        init_args = getattr(strategy, "get", lambda key: None)("init_args")
+        start_method = getattr(init_args, "get", lambda key: None)("start_method")
+    if start_method in ("spawn", "forkserver"):
+        # Lightning then pickles the trainer, the model and the data module to start each rank, and the data module
+        # holds its live prefetchers: a 40-line pickling traceback once the ranks start.
+        named = strategy if isinstance(strategy, str) else f"with start_method {start_method}"
+        raise ConfigError(
+            f"trainer.strategy {named}: a {start_method} start pickles the trainer and the data module for each "
+            "rank, and this app's data module holds its live prefetchers; use --trainer.strategy ddp (Lightning "
+            "starts each rank by running train.py again), or torchrun"
+        )
     precision = str(trainer.precision)
     if precision.startswith("transformer-engine") and importlib.util.find_spec("transformer_engine") is None:
         raise ConfigError(

@@ -121,6 +121,11 @@ def test_a_generated_data_root_of_other_files_is_refused_before_it_starts(
      (["--seed_everything", "-5"], "seed_everything must be in 0..4294967295"),
      (["--seed_everything", "4294967296"], "seed_everything must be in 0..4294967295"),  # Lightning's traceback
      (["--trainer.precision", "transformer-engine"], "trainer.precision transformer-engine needs NVIDIA Transformer"),
+     # A spawn start pickles the data module and its live prefetchers: a 40-line traceback once the ranks started.
+     (["--trainer.devices", "2", "--trainer.strategy", "ddp_spawn"],
+      "trainer.strategy ddp_spawn: a spawn start pickles the trainer and the data module"),
+     (["--trainer.devices", "2", "--trainer.strategy", "DDPStrategy", "--trainer.strategy.start_method", "forkserver"],
+      "trainer.strategy with start_method forkserver: a forkserver start pickles"),
      # An unset $VAR: last.ckpt went to the current folder, the logs to ./quickstart, random weights without a word.
      (["--last_checkpoint.dirpath", ""], "last_checkpoint.dirpath is an empty string (an unset environment variable?)"),
      (["--trainer.logger.init_args.save_dir", ""], "trainer.logger.init_args.save_dir is an empty string"),
