@@ -267,6 +267,10 @@ def tidy_console(app_dir: str) -> None:
     previous = warnings.formatwarning
 
     def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line=None) -> str:  # noqa: ANN001
+        if _LIGHTNINGS_SAVE_LAST_HINT in str(message):
+            # --ckpt_path last before any save (a requeued job's first run): Lightning's hint to set save_last is
+            # wrong here, where last_checkpoint always writes last.ckpt.
+            message = str(message).replace(_LIGHTNINGS_SAVE_LAST_HINT, _FIRST_RUN)
         path = Path(filename)
         if issubclass(category, UserWarning) and path.is_relative_to(app_dir) and "site-packages" not in path.parts:
             # The app's own kinds (BadImageWarning) keep their name: it is what a warnings filter would take.
@@ -276,6 +280,14 @@ def tidy_console(app_dir: str) -> None:
 
     format_warning.without_source_line = True  # type: ignore[attr-defined]
     warnings.formatwarning = format_warning
+
+
+#: The end of Lightning's warning for ``--ckpt_path last`` without a last checkpoint, and what this app says instead.
+_LIGHTNINGS_SAVE_LAST_HINT = "HINT: Set `ModelCheckpoint(..., save_last=True)`."
+_FIRST_RUN = (
+    "This run trains from the start (a requeued job's first run; its last_checkpoint writes last.ckpt, which the "
+    "next submission's --ckpt_path last finds)."
+)
 
 
 def _without_litlogger_tip(record: logging.LogRecord) -> bool:

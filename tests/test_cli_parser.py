@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import warnings
@@ -279,3 +280,19 @@ def test_lightnings_pytree_deprecation_notice_is_not_printed(monkeypatch) -> Non
         warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning, stacklevel=1)
         warnings.warn("another deprecation", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["another deprecation"]
+
+
+def test_lightnings_save_last_hint_for_a_first_run_with_ckpt_path_last_is_replaced() -> None:
+    """``--ckpt_path last`` before any save (a requeued job's first run): Lightning's hint to set save_last is wrong
+    where last_checkpoint always writes last.ckpt; the line says the run trains from the start instead."""
+    from pytorch_lightning.trainer.connectors import checkpoint_connector
+
+    # The warning as this Lightning words it (a change of its wording shows here, not as a stale hint on the console).
+    assert cli_parser._LIGHTNINGS_SAVE_LAST_HINT in inspect.getsource(checkpoint_connector)
+    cli_parser.tidy_console(str(REPO))
+    lightning_file = checkpoint_connector.__file__
+    lightnings = ('.fit(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint will be '
+                  "loaded. HINT: Set `ModelCheckpoint(..., save_last=True)`.")  # fmt: skip
+    said = warnings.formatwarning(UserWarning(lightnings), UserWarning, lightning_file, 190, "rank_zero_warn(x)")
+    assert "save_last" not in said
+    assert "No checkpoint will be loaded. This run trains from the start (a requeued job's first run;" in said
