@@ -76,7 +76,8 @@ for stage in "$@"; do
     run nsys profile "${nsys_flags[@]}" --capture-range-end=stop -o "$out/cutshort" \
       python3 train.py "${common[@]}" --profile.start_step 55 --profile.num_steps 10
     run quiet nsys export --type sqlite --force-overwrite true -o "$out/cutshort.sqlite" "$out/cutshort.nsys-rep"
-    run python3 bench/check_nsys.py "$out/cutshort.sqlite" --steps 55-59 > "$out/cutshort.json"
+    # The check's JSON into a file (run's own "+ command" and "exit code" lines stay on the console).
+    run sh -c 'python3 bench/check_nsys.py "$1" --steps 55-59 > "$2"' _ "$out/cutshort.sqlite" "$out/cutshort.json"
     tail -5 "$out/cutshort.json"
     run python3 -c "import json, sys
 between = [p['kernels_between_steps'] for r in json.load(open(sys.argv[1])) for p in r['processes'].values()]
