@@ -151,6 +151,13 @@ class ProfilerWindow(Callback):
         report: bool = True,
     ) -> None:
         starts = [] if start_step is None else [start_step] if isinstance(start_step, int) else list(start_step)
+        if start_step is not None and not starts:
+            # An empty list (a job script's "[$STEPS]" with STEPS unset): under nsys the run would train to its end
+            # for an empty capture, as with a window no step reaches (refused in on_train_start).
+            raise ValueError(
+                "profile.start_step [] names no window; give the first step of one or more (20 or [20,200]), or leave "
+                "it unset (null) to profile nothing"
+            )
         if any(not isinstance(s, int) or s < 0 for s in starts):
             raise ValueError(f"profile.start_step must be optimizer steps >= 0 (0-based global_step), got {start_step}")
         if num_steps < 1:

@@ -539,6 +539,7 @@ def test_exception_with_kineto_stops_the_profiler(tmp_path, recorder):
     ("kwargs", "match"),
     [
         ({"start_step": -1}, "start_step must be"),
+        ({"start_step": []}, r"profile\.start_step \[\] names no window; give the first step of one or more"),
         ({"start_step": 5, "num_steps": 0}, "num_steps must be >= 1"),
         ({"start_step": [10, 15], "num_steps": 10}, "overlap"),
         ({"start_step": 5, "emit_nvtx": True, "torch_profiler": True}, "cannot both be on"),
