@@ -212,12 +212,12 @@ def _union_in_one_line(message: str) -> str:
     if found.group(1) == 'Parser key "trainer.precision"':  # Lightning's many spellings: _precision_hint lists them
         return f"{found.group(1)}: {found.group(3)!r} is not a precision Lightning takes"
     takes = []
-    for subtype in re.split(r",\s*(?![^\[]*\])", found.group(2)):
-        literal = re.fullmatch(r"typing\.Literal\[(.*)\]", subtype.strip())
+    for subtype in re.split(r",\s*(?![^\[]*\])", found.group(2).strip()):
+        literal = re.fullmatch(r"typing\.Literal\[(.*)\]", subtype)
         if literal:
             takes.append(f"one of {literal.group(1)}")
-        elif subtype.strip() in _PLAIN_TYPES:
-            takes.append(_PLAIN_TYPES[subtype.strip()])
+        elif subtype in _PLAIN_TYPES:
+            takes.append(_PLAIN_TYPES[subtype])
         else:
             return message
     expected = ", ".join(takes[:-1]) + f" or {takes[-1]}" if len(takes) > 1 else takes[0]

@@ -93,8 +93,12 @@ def _check_sections(config: Any) -> None:
 
 def logger_init_args(config: Any) -> Any:
     """The ``init_args`` of the configuration's ``trainer.logger`` (empty without a logger, or with several)."""
-    logger = config.trainer.get("logger")
-    return logger.get("init_args", {}) if hasattr(logger, "get") else {}
+    return _init_args(config.trainer.get("logger"))
+
+
+def _init_args(value: Any) -> Any:
+    """The ``init_args`` of a ``class_path`` value of the configuration (empty for a name, a list or none)."""
+    return value.get("init_args", {}) if hasattr(value, "get") else {}
 
 
 def _check_folders(config: Any, subcommand: str | None) -> None:
@@ -222,8 +226,7 @@ def _check_trainer(trainer: Any) -> None:
     if isinstance(strategy, str):
         start_method = "spawn" if "spawn" in strategy else None
     else:
-        init_args = getattr(strategy, "get", lambda key: None)("init_args")
-        start_method = getattr(init_args, "get", lambda key: None)("start_method")
+        start_method = _init_args(strategy).get("start_method")
     if start_method in ("spawn", "forkserver"):
         # Lightning then pickles the trainer, the model and the data module to start each rank, and the data module
         # holds its live prefetchers: a 40-line pickling traceback once the ranks start.

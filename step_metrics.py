@@ -10,7 +10,6 @@ top-1, top-5, images/s, like the original's print_freq line) is reduced across r
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytorch_lightning as pl
@@ -22,6 +21,7 @@ from typing_extensions import override
 
 from callbacks.ranges import METRICS, app_range
 from callbacks.resumable_checkpoint import inside_the_epoch
+from ddp_groups import new_gloo_group
 
 if TYPE_CHECKING:
     from imagenet_module import ImageNetClassifier
@@ -101,10 +101,7 @@ class StepMetrics:
         # group since destroyed: made anew.
         self.close_save_group()
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            # The DDP strategy keeps its timeout private; a rank that never reaches a save is bounded by it as well.
-            timeout = getattr(trainer.strategy, "_timeout", None)
-            timeout = timeout if isinstance(timeout, timedelta) else None
-            self.save_group = dist.new_group(backend="gloo", timeout=timeout)
+            self.save_group = new_gloo_group(trainer)  # a rank that never reaches a save: bounded by DDP's timeout
 
     def close_save_group(self) -> None:
         """At a fit's teardown: the group of ``open_save_group`` taken down."""

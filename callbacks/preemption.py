@@ -99,6 +99,7 @@ from pytorch_lightning.utilities.rank_zero import rank_prefixed_message
 from typing_extensions import override  # a dependency (pyproject.toml); Lightning marks its hooks with it
 
 from callbacks.ranges import checkpoint_range
+from ddp_groups import new_gloo_group
 
 #: Signals that cannot be caught.
 _UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
@@ -244,9 +245,7 @@ class PreemptionHandler(Callback):
             if not self._shadow(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor", _no_sigterm_broadcast):
                 rank_zero_info("PreemptionHandler: this Lightning has no per-step sigterm broadcast to turn off")
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            # The DDP strategy keeps its timeout private; the same bound applies to this group's exchanges.
-            timeout = getattr(trainer.strategy, "_timeout", None)
-            self._group = dist.new_group(backend="gloo", timeout=timeout if isinstance(timeout, timedelta) else None)
+            self._group = new_gloo_group(trainer)  # its exchanges bounded by the DDP strategy's timeout
             self._take_over_the_timer(trainer)
 
     def _take_over_the_timer(self, trainer: pl.Trainer) -> None:
