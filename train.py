@@ -152,6 +152,12 @@ class ImageNetCLI(LightningCLI):
             config_checks.check_before_build(self._section(), self.subcommand)
         except ConfigError as error:
             self._refuse(str(error))
+        trainer = self._section().trainer
+        if trainer.get("benchmark") is None and not trainer.get("deterministic"):
+            # cuDNN then times its algorithms for each convolution shape once and keeps the fastest: the shapes are
+            # fixed (the last partial batch is dropped). torch's default is off, and Lightning leaves it so for a null
+            # benchmark; with deterministic set, Lightning turns it off itself (the two conflict).
+            trainer.benchmark = True
 
     def instantiate_classes(self) -> None:
         try:

@@ -126,6 +126,37 @@ def test_ddp_options_reach_the_strategy_s_ddp_keyword_arguments(
 
 
 @pytest.mark.parametrize(
+    ("given", "benchmark", "saved"),
+    [
+        ([], True, True),
+        (["--trainer.benchmark", "false"], False, False),
+        (["--trainer.deterministic", "warn"], False, None),
+    ],
+)
+def test_cudnn_benchmark_is_on_unless_turned_off_or_deterministic(
+    shapes_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    built,
+    given: list[str],
+    benchmark: bool,
+    saved: bool | None,
+) -> None:
+    """torch's default is off and Lightning keeps it for a null ``trainer.benchmark``: the app turns it on (fixed
+    shapes), except where asked not to or for a deterministic run, which it would undo (cuDNN's timed choice)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", not benchmark)
+    deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        cli = built(["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(shapes_root),
+                    "--trainer.accelerator", "cpu", *given])  # fmt: skip
+    finally:
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+    assert torch.backends.cudnn.benchmark is benchmark
+    assert cli.config.trainer.benchmark is saved  # what config.yaml says
+
+
+@pytest.mark.parametrize(
     ("in_file", "on_the_command_line", "expected"),
     [
         (None, ["--trainer.limit_train_batches", "1"], {"limit_train_batches": 1}),  # one batch, not every batch
