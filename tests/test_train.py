@@ -528,7 +528,7 @@ def test_ddp_two_cpu_processes(trained: dict, shapes_root: Path, tmp_path: Path,
                 },
                 "model": {"arch": "resnet18"},
                 "trainer": {
-                    "max_epochs": 1,
+                    "max_epochs": 2,  # the sampler's epoch set on each rank: a new order, the shards still disjoint
                     "limit_train_batches": 2,
                     "num_sanity_val_steps": 0,
                     "enable_progress_bar": False,
@@ -577,6 +577,11 @@ def test_ddp_two_cpu_processes(trained: dict, shapes_root: Path, tmp_path: Path,
         32,
         32,
     ]
+    epochs = [json.loads((tmp_path / "fit" / f"train_rank{r}.json").read_text())["epoch_indices"] for r in (0, 1)]
+    assert [len(e) for e in epochs] == [2, 2]
+    for epoch in (0, 1):
+        assert sorted(epochs[0][epoch] + epochs[1][epoch]) == list(range(len(train_set))), epoch
+    assert epochs[0][0] != epochs[0][1] and epochs[1][0] != epochs[1][1]
     assert list((tmp_path / "run" / "logs").rglob("last.ckpt"))
     # train_loss_epoch: the mean over both ranks' images (each rank's mean weighted by its images, Lightning's sync).
     losses = [
@@ -584,7 +589,8 @@ def test_ddp_two_cpu_processes(trained: dict, shapes_root: Path, tmp_path: Path,
     ]
     (metrics,) = (tmp_path / "run" / "logs").rglob("metrics.csv")
     logged = [float(row["train_loss_epoch"]) for row in csv.DictReader(metrics.open()) if row.get("train_loss_epoch")]
-    assert logged == pytest.approx([sum(loss * n for loss, n in losses) / sum(n for _, n in losses)], rel=1e-5)
+    assert len(logged) == 2
+    assert logged[-1] == pytest.approx(sum(loss * n for loss, n in losses) / sum(n for _, n in losses), rel=1e-5)
 
     # One fixed checkpoint, validated by two processes and by one: the val shards do not pad, so the metrics agree.
     out = tmp_path / "validate"
