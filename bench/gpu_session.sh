@@ -15,6 +15,11 @@
 # split-P  : bench/throughput.py on 1 GPU pinned to CORES cores (default 16, as one H200 has on these machines;
 #            CORES-2 workers): app synthetic, PIL folder, nvJPEG folder, and the decode split between them
 #            (data.cpu_decode_share: each of SHARES, space-separated, default "0.6 0.7 0.8")
+# matrix   : bench/throughput.py --matrix on 1 GPU pinned to CORES cores (default 16, CORES-2 workers): VARIANTS
+#            (default raw, app synthetic, and the recommended JPEG path: split 0.5, data.nvjpeg preallocated, the
+#            torchvision decoder in the workers) in each configuration of MATRIX (default fp16 and bf16, eager), one
+#            table; e.g. MATRIX=fp16:reduce-overhead,bf16:reduce-overhead (STACKS_AFTER_S: each variant's own limit,
+#            default 240 s)
 # resized-P: the split-P run (VARIANTS default app_synthetic,app_folder,app_folder_gpu@0.85) on the JPEG folder and
 #            on its copy by resize_dataset.py at short side SIDE (default 256), one after the other, each with its own
 #            synthetic row; COMPILE=MODE compiles every app row with that torch.compile mode (MODE:tuned: and
@@ -80,7 +85,9 @@ jpegs() {
 # A bench/throughput.py log's table (and bench/cpu_load.py's report after it); without one (a variant failed, or the
 # stage's timeout stopped the run) the log's last 60 lines: the variants' stderr passes through to the log, so that is
 # the error or the threads' stacks.
-table() { if grep -q "^| variant" "$1"; then sed -n '/^| variant/,$p' "$1"; else tail -60 "$1"; fi; }
+table() {
+  if grep -qE "^\| (variant|config) \(" "$1"; then sed -nE '/^\| (variant|config) \(/,$p' "$1"; else tail -60 "$1"; fi
+}
 # A stage's command exited with status $1: anything but 0 is said, and the script's own exit status becomes 1, so that
 # a failed stage (a filtered log shows no error) is never read as a finished one.
 status=0
@@ -142,6 +149,14 @@ for stage in "$@"; do
     BENCH_STACKS_AFTER_S=150 timeout "$limit" taskset -c "0-$((cores - 1))" python3 bench/throughput.py \
       --arch resnet50 --precision "$p" --channels-last --workers $((cores - 2)) --variants "${VARIANTS:-$variants}" \
       --data "$data" > "$out/throughput_$stage.txt" 2>&1; rc=$?
+    table "$out/throughput_$stage.txt"; mark $rc ;;
+  matrix)
+    jpegs; cores=${CORES:-16}
+    BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
+      bench/throughput.py --arch resnet50 --channels-last --workers $((cores - 2)) --data "$data" \
+      --matrix "${MATRIX:-fp16:eager,bf16:eager}" \
+      --variants "${VARIANTS:-raw,app_synthetic,app_folder_gpu_preallocated_tv@0.5}" \
+      > "$out/throughput_$stage.txt" 2>&1; rc=$?
     table "$out/throughput_$stage.txt"; mark $rc ;;
   resized-*)
     jpegs; p=${stage#*-}; cores=${CORES:-16}; side=${SIDE:-256}; flags=()

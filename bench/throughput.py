@@ -11,6 +11,9 @@ line; the parent prints a Markdown table with ratios to the plain loop.
     python bench/throughput.py ... --gpus 1,2 --launcher torchrun      # DDP scaling, each variant on 1 and 2 GPUs
     taskset -c 0-15 python bench/throughput.py ... --workers 14 --variants app_synthetic,app_folder_gpu@0.7
     python bench/throughput.py ... --compile --inductor conv_1x1_as_mm=true --child app_synthetic:reduce-overhead
+    python bench/throughput.py --arch resnet50 --channels-last --data /data/jpegs \
+        --matrix fp16:eager,bf16:eager,fp16:reduce-overhead,bf16:reduce-overhead \
+        --variants raw,app_synthetic,app_folder_gpu_preallocated_tv@0.5      # every configuration in one table
 
 Variants:
     raw            the plain loop (.carry/raw_loop.py, or --raw-loop PATH): synthetic data on the GPU
@@ -54,6 +57,11 @@ Variants:
     Order: NAME[@SHARE][:MODE[:tuned]][+OPTION...], e.g. app_folder_gpu@0.85:reduce-overhead+bucket_view. The full
     string names the row in the table.
 
+``--matrix PRECISION:eager|PRECISION:MODE[:tuned],...`` runs every variant in each configuration (precision, and
+eager or compiled with that torch.compile mode, the plain loop with the default one, as under --compile), one
+after the other, and prints one table with a config column; each configuration's ratios are to its own raw and
+app_synthetic rows. It stands for --precision and --compile, and the variants then take no ``:MODE``.
+
 ``--inductor KEY=VALUE`` sets a ``torch._inductor.config`` option in every variant's process (one run per setting,
 so settings compare as one process after the other). On ResNet-50 under ``reduce-overhead`` none of
 ``conv_1x1_as_mm``, ``aggressive_fusion`` and ``triton.enable_pdl`` beat the default's two runs, and PDL was 1.1-1.4%
@@ -62,6 +70,10 @@ slower (bench/RESULTS.md, fifteenth session).
 Every process of a run (the plain loop's too) gets ``CUDA_DEVICE_MAX_CONNECTIONS`` from the environment, else the
 app's 32 (cuda_env.py, as train.py sets it); the table names the value. ``CUDA_DEVICE_MAX_CONNECTIONS=8 python
 bench/throughput.py ...`` runs with CUDA's default, for the comparison.
+
+Memory: "peak GiB" is ``torch.cuda.max_memory_allocated`` (torch's caching allocator: what the tensors held at
+their peak); "device GiB" is what the device had in use at the end of the timed steps (``cudaMemGetInfo``: the CUDA
+context, the allocator's reserved pool, cuDNN's and nvJPEG's own buffers, which the first leaves out).
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 The warm-up (default 20 steps eager, 60 compiled) is the same for every variant of a run whatever its compile mode,
@@ -225,9 +237,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--arch", default="resnet50")
     p.add_argument("--batch", type=int, default=256, help="per GPU")
-    p.add_argument("--precision", default="bf16", choices=sorted(PRECISIONS))
+    p.add_argument("--precision", choices=sorted(PRECISIONS), help="default bf16")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--compile", action="store_true")
+    p.add_argument(
+        "--matrix",
+        help="comma-separated configurations PRECISION:eager or PRECISION:MODE[:tuned] (a torch.compile mode: "
+        f"{', '.join(COMPILE_MODES)}), every variant run in each and one table printed, e.g. "
+        "fp16:eager,bf16:eager,fp16:reduce-overhead,bf16:reduce-overhead; instead of --precision and --compile",
+    )
     p.add_argument("--steps", type=int, default=50, help="timed steps")
     p.add_argument(
         "--warmup",
@@ -264,8 +282,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    a.configs = []
+    if a.matrix is not None:
+        if a.compile or a.precision or a.child:
+            p.error(
+                "--matrix gives each configuration's precision and compile mode: leave out --precision and --compile"
+            )
+        if a.inductor:
+            p.error("--inductor applies to compiled runs only: run it with --compile, not --matrix")
+        try:
+            a.configs = matrix_configs(a.matrix)
+        except ValueError as error:
+            p.error(str(error))
+    a.precision = a.precision or "bf16"
     if a.warmup is None:
-        a.warmup = 60 if a.compile else 20
+        # Under --matrix each configuration's processes take their own default; the parent's checks the longest.
+        compiled = a.compile or any(mode for _, mode in a.configs)
+        a.warmup = 60 if compiled else 20
     # StepClock starts at the end of step --warmup, counted from 1; the warm-up also holds cudnn's benchmarking of
     # its kernel choices and, compiled, the compilation, none of which may be timed.
     if a.warmup < 1:
@@ -292,6 +325,44 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if a.inductor and not a.compile:
         p.error("--inductor sets torch.compile's inductor options: add --compile")
     return a
+
+
+def matrix_configs(text: str) -> list[tuple[str, str | None]]:
+    """``"fp16:eager,bf16:reduce-overhead:tuned"`` -> ``[("fp16", None), ("bf16", "reduce-overhead:tuned")]``: each
+    configuration's precision and compile mode (None: eager)."""
+    configs: list[tuple[str, str | None]] = []
+    for item in text.split(","):
+        precision, colon, mode = item.partition(":")
+        base, _, tuned = mode.partition(":")
+        if (
+            precision not in PRECISIONS
+            or not colon
+            or (mode != "eager" and base not in COMPILE_MODES)
+            or (tuned and (mode == "eager" or tuned != "tuned"))
+        ):
+            raise ValueError(
+                f"--matrix {item!r}: give PRECISION:eager or PRECISION:MODE[:tuned], PRECISION one of "
+                f"{', '.join(sorted(PRECISIONS))}, MODE one of {', '.join(COMPILE_MODES)}; e.g. fp16:eager,bf16:default"
+            )
+        config = (precision, None if mode == "eager" else mode)
+        if config in configs:
+            raise ValueError(f"--matrix {item!r} is listed twice")
+        configs.append(config)
+    return configs
+
+
+def config_label(precision: str, mode: str | None) -> str:
+    """A configuration's name in the table: ``fp16 eager``, ``bf16 reduce-overhead``."""
+    return f"{precision} {mode or 'eager'}"
+
+
+def with_compile_mode(variant: str, mode: str | None) -> str:
+    """App variant ``variant`` compiled with ``mode`` (``:MODE`` before any ``+option``); the plain loop (which
+    compiles with the default mode) and an eager configuration (``mode`` None) leave it as it is."""
+    if mode is None or not variant.startswith("app_"):
+        return variant
+    head, plus, options = variant.partition("+")
+    return f"{head}:{mode}{plus}{options}"
 
 
 def inductor_options(pairs: list[str]) -> dict:
@@ -385,8 +456,23 @@ def run_raw(a: argparse.Namespace) -> dict:
         return {}
     result = json.loads(lines[-1])
     result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if torch.cuda.is_available():  # (the tests run a stand-in loop without one)
+        result["device_mem_gib"] = device_in_use_gib(f"cuda:{torch.cuda.current_device()}")
     result["wall_s"] = time.perf_counter() - start
     return result
+
+
+def device_in_use_gib(device: object) -> float | None:
+    """GiB in use on ``device`` (``cudaMemGetInfo``: total less free), after the variant's run: the CUDA context and
+    every library's buffers with torch's reserved pool, which ``max_memory_allocated`` leaves out (each variant runs
+    alone in its process, one process per GPU). None for a CPU device (the tests' runs)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return (total - free) / 2**30
 
 
 def app_compile_mode(variant: str, compiled: bool) -> str | None:
@@ -494,6 +580,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         "img_s": round(a.steps * a.batch * gpus / dt, 1),
         "ms_per_step": round(dt * 1000 / a.steps, 2),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "device_mem_gib": device_in_use_gib(trainer.strategy.root_device),
         "wall_s": time.perf_counter() - start,
         "device_connections": cuda_env.connections(),
     }
@@ -584,7 +671,6 @@ def main(argv: list[str] | None = None) -> None:
             print("RESULT " + json.dumps(result), flush=True)
         return
     args = list(argv if argv is not None else sys.argv[1:])
-    rows: dict[tuple[str, int], dict] = {}
     gpu_counts = a.gpu_counts
     try:
         [split_variant(variant) for variant in a.variants.split(",")]
@@ -594,6 +680,8 @@ def main(argv: list[str] | None = None) -> None:
     if max(gpu_counts) == 1 and any(ddp_options(variant)[1] for variant in a.variants.split(",")):
         sys.exit("--variants: DDP options (+...) need --gpus with a count above 1")
     moded = [v for v in a.variants.split(",") if compile_mode(v)[1]]
+    if moded and a.configs:
+        sys.exit(f"--variants: under --matrix each configuration gives the compile mode; leave out :MODE in {moded[0]}")
     if moded and not a.compile:
         sys.exit(f"--variants: compile modes (:MODE) need --compile: {', '.join(moded)}")
     if folders and not a.data:
@@ -601,14 +689,55 @@ def main(argv: list[str] | None = None) -> None:
     check_machine(a, a.variants.split(","), max(gpu_counts))
     if folders:  # the most GPUs give each the fewest batches an epoch: one count of the folder, one check
         check_epoch_room(a.data, max(gpu_counts), a.batch, a.warmup, a.steps)
-    for gpus in gpu_counts:
+    blocks = []
+    # One pass without --matrix (the command line's own precision and compile options), else one per configuration.
+    for config in a.configs or [None]:
+        label, child_args = "", args
+        if config is not None:
+            label = config_label(*config)
+            child_args = [*without_option(args, "--matrix"), "--precision", config[0]] + ["--compile"] * bool(config[1])
+        blocks.append((label, run_variants(a, child_args, config[1] if config else None, label)))
+    config = f"{a.arch}, "
+    if not a.configs:
+        config += f"{a.precision}, "
+    config += f"{'channels_last' if a.channels_last else 'NCHW'}, "
+    if not a.configs:
+        config += f"{'compiled' if a.compile else 'eager'}, "
+    config += f"batch {a.batch}/GPU"
+    config += "".join(f", inductor {key}={json.dumps(value)}" for key, value in a.inductor_options.items())
+    config += f", {cuda_env.MAX_CONNECTIONS}={connections}"
+    if max(gpu_counts) > 1:
+        config += f", app DDP via {a.launcher}"
+    print()
+    print("\n".join(matrix_table(blocks, config) if a.configs else table(blocks[0][1], config)))
+
+
+def without_option(args: list[str], option: str) -> list[str]:
+    """``args`` without ``option`` and its value (``--matrix X`` or ``--matrix=X``)."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out
+
+
+def run_variants(a: argparse.Namespace, child_args: list[str], mode: str | None, label: str) -> dict:
+    """Every variant of ``a.variants`` on every GPU count, each in its own process started with ``child_args``, the
+    app variants compiled with ``mode`` (a --matrix configuration's; None: as the variant says): (variant, GPUs) ->
+    its result."""
+    rows: dict[tuple[str, int], dict] = {}
+    for gpus in a.gpu_counts:
         for variant in a.variants.split(","):
             base = ddp_options(variant)[0]
             if gpus == 1 and base != variant and (base, 1) in rows:
                 # One GPU runs without DDP: the options change nothing there, so the row is the base variant's.
                 rows[variant, 1] = {**rows[base, 1], "same_as": base}
                 continue
-            cmd = [sys.executable, __file__, *args, "--child", variant]
+            cmd = [sys.executable, __file__, *child_args, "--child", with_compile_mode(variant, mode)]
             if gpus > 1 and (variant == "raw" or a.launcher == "torchrun"):
                 cmd = [
                     sys.executable,
@@ -624,19 +753,27 @@ def main(argv: list[str] | None = None) -> None:
                 cmd, stdout=subprocess.PIPE, stderr=None, text=True, env={**os.environ, "BENCH_GPUS": str(gpus)}
             )
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            where = f"{label}: " if label else ""
             if proc.returncode != 0 or not lines:
                 print(proc.stdout[-3000:], file=sys.stderr)  # its stderr (every thread's stack) is already there
-                sys.exit(f"variant {variant} on {gpus} GPU(s) failed with exit code {proc.returncode}")
+                sys.exit(f"{where}variant {variant} on {gpus} GPU(s) failed with exit code {proc.returncode}")
             rows[variant, gpus] = json.loads(lines[-1][len("RESULT ") :])
-            print(f"{variant} x{gpus}: {rows[variant, gpus]}", flush=True)
-    config = f"{a.arch}, {a.precision}, {'channels_last' if a.channels_last else 'NCHW'}, "
-    config += f"{'compiled' if a.compile else 'eager'}, batch {a.batch}/GPU"
-    config += "".join(f", inductor {key}={json.dumps(value)}" for key, value in a.inductor_options.items())
-    config += f", {cuda_env.MAX_CONNECTIONS}={connections}"
-    if max(gpu_counts) > 1:
-        config += f", app DDP via {a.launcher}"
-    print()
-    print("\n".join(table(rows, config)))
+            print(f"{where}{variant} x{gpus}: {rows[variant, gpus]}", flush=True)
+    return rows
+
+
+COLUMNS = (
+    "GPUs",
+    "img/s",
+    "ms/step",
+    "vs raw",
+    "vs synthetic",
+    "scaling",
+    "peak GiB",
+    "peak vs raw",
+    "device GiB",
+    "device vs raw",
+)
 
 
 def table(rows: dict[tuple[str, int], dict], config: str) -> list[str]:
@@ -645,10 +782,20 @@ def table(rows: dict[tuple[str, int], dict], config: str) -> list[str]:
     A folder row with a compile mode is compared with the synthetic row of that mode (``app_synthetic:MODE``) if
     there is one, else with plain ``app_synthetic``; one without, with ``app_synthetic`` (else ``:default``, the
     same mode under --compile)."""
-    lines = [
-        f"| variant ({config}) | GPUs | img/s | ms/step | vs raw | vs synthetic | scaling | peak GiB | peak vs raw |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = [f"| variant ({config}) | {' | '.join(COLUMNS)} |", "|---" * (1 + len(COLUMNS)) + "|"]
+    return lines + [f"| {' | '.join(cells)} |" for cells in row_cells(rows)]
+
+
+def matrix_table(blocks: list[tuple[str, dict[tuple[str, int], dict]]], config: str) -> list[str]:
+    """One table of every --matrix configuration's rows (``(label, rows)`` each, as :func:`table` takes them), with
+    the configuration in the first column; each row's ratios are to its own configuration's rows."""
+    lines = [f"| config ({config}) | variant | {' | '.join(COLUMNS)} |", "|---" * (2 + len(COLUMNS)) + "|"]
+    return lines + [f"| {label} | {' | '.join(cells)} |" for label, rows in blocks for cells in row_cells(rows)]
+
+
+def row_cells(rows: dict[tuple[str, int], dict]) -> list[list[str]]:
+    """Each row's name and :data:`COLUMNS` cells (see :func:`table`)."""
+    out = []
     for (variant, gpus), r in rows.items():
         base, synthetic, one = rows.get(("raw", gpus)), synthetic_row(rows, variant, gpus), rows.get((variant, 1))
         ratio = f"{r['img_s'] / base['img_s']:.3f}" if base else "-"
@@ -657,12 +804,27 @@ def table(rows: dict[tuple[str, int], dict], config: str) -> list[str]:
         )
         mem = f"{r['peak_mem_gib'] / base['peak_mem_gib']:.3f}" if base else "-"
         scaling = f"{r['img_s'] / (gpus * one['img_s']):.3f}" if one and gpus > 1 else "-"
+        device = r.get("device_mem_gib")
+        device_ratio = "-"
+        if device is not None and base and base.get("device_mem_gib"):
+            device_ratio = f"{device / base['device_mem_gib']:.3f}"
         name = f"{variant} (= {r['same_as']})" if r.get("same_as") else variant
-        lines.append(
-            f"| {name} | {gpus} | {r['img_s']:,.0f} | {r['ms_per_step']} | {ratio} | {vs_synthetic} | {scaling} "
-            f"| {r['peak_mem_gib']:.2f} | {mem} |"
+        out.append(
+            [
+                name,
+                str(gpus),
+                f"{r['img_s']:,.0f}",
+                str(r["ms_per_step"]),
+                ratio,
+                vs_synthetic,
+                scaling,
+                f"{r['peak_mem_gib']:.2f}",
+                mem,
+                "-" if device is None else f"{device:.2f}",
+                device_ratio,
+            ]
         )
-    return lines
+    return out
 
 
 def synthetic_row(rows: dict[tuple[str, int], dict], variant: str, gpus: int) -> dict | None:

@@ -165,6 +165,11 @@ def test_a_stage_s_summary_is_the_table_or_else_the_log_s_end(tmp_path) -> None:
         "| variant (resnet50) | GPUs | img/s |", "|---|---|---|", "| app_synthetic | 1 | 1 |", "",
         "cpu_load: 30.0 s sampled", "| cores | pid |",
     ]  # fmt: skip
+    log.write_text(
+        "fp16 eager: raw x1: {'img_s': 1.0}\n\n| config (resnet50) | variant |\n|---|---|\n| fp16 eager | raw |\n"
+    )
+    summary = bash(f'{shell_function("table")}\ntable "{log}"')  # bench/throughput.py --matrix's table
+    assert summary.splitlines() == ["| config (resnet50) | variant |", "|---|---|", "| fp16 eager | raw |"]
     log.write_text("".join(f"noise {i}\n" for i in range(100)) + "variant raw on 1 GPU(s) failed with exit code 1\n")
     summary = bash(f'{shell_function("table")}\ntable "{log}"').splitlines()
     assert len(summary) == 60 and summary[-1] == "variant raw on 1 GPU(s) failed with exit code 1"

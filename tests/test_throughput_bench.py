@@ -390,6 +390,7 @@ def test_the_app_is_built_with_the_variants_compile_mode_and_its_result_records_
 
     class FakeTrainer:
         global_rank = 0
+        strategy = SimpleNamespace(root_device=torch.device("cpu"))
 
         def __init__(self, callbacks, **kwargs) -> None:  # noqa: ANN001, ANN003
             self.clock = callbacks[0]
@@ -616,3 +617,95 @@ def test_the_workers_default_to_each_gpu_s_share_of_this_process_s_cores_less_tw
     for bad in ("0", "1,x", ""):
         with pytest.raises(SystemExit):
             throughput.parse(["--gpus", bad])
+
+
+def test_matrix_configurations_parse_and_bad_ones_are_refused(throughput) -> None:
+    assert throughput.matrix_configs("fp16:eager,bf16:reduce-overhead:tuned,bf16:default") == [
+        ("fp16", None),
+        ("bf16", "reduce-overhead:tuned"),
+        ("bf16", "default"),
+    ]
+    for bad in ("fp16", "fp8:eager", "fp16:fast", "fp16:eager:tuned", "bf16:default:fast", "fp16:eager,fp16:eager"):
+        with pytest.raises(ValueError, match="--matrix"):
+            throughput.matrix_configs(bad)
+    assert throughput.with_compile_mode("app_folder_gpu@0.5+threads=2", "reduce-overhead") == (
+        "app_folder_gpu@0.5:reduce-overhead+threads=2"
+    )
+    assert throughput.with_compile_mode("raw", "default") == "raw"  # the plain loop compiles with its own mode
+    assert throughput.with_compile_mode("app_synthetic", None) == "app_synthetic"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--compile"], "leave out --precision and --compile"),
+        (["--precision", "fp16"], "leave out --precision and --compile"),
+        (["--inductor", "conv_1x1_as_mm=true"], "--inductor applies to compiled runs only"),
+        (["--matrix", "fp16:eagre"], "give PRECISION:eager or PRECISION:MODE"),
+    ],
+)
+def test_matrix_with_options_it_stands_for_is_refused(throughput, capsys, extra, message) -> None:
+    with pytest.raises(SystemExit):
+        throughput.parse(["--matrix", "fp16:eager", *extra])
+    assert message in capsys.readouterr().err
+
+
+def test_matrix_variants_take_no_compile_mode_of_their_own(throughput, monkeypatch) -> None:
+    stub_children(monkeypatch)
+    with pytest.raises(SystemExit, match="each configuration gives the compile mode; leave out :MODE"):
+        throughput.main(["--matrix", "bf16:default", "--variants", "raw,app_synthetic:reduce-overhead"])
+
+
+def test_matrix_runs_every_variant_in_each_configuration_and_prints_one_table(
+    throughput, monkeypatch, capsys, tmp_path
+) -> None:
+    data = image_folder(tmp_path / "jpegs")
+    speed = {"fp16": 1.0, "bf16": 1.5}
+    share = {"raw": 1.0, "app_synthetic": 0.99, "app_folder_gpu_preallocated_tv@0.5": 0.95}
+
+    def img_s(cmd: list, env: dict) -> float:
+        precision = cmd[cmd.index("--precision") + 1]
+        compiled = 1.2 if "--compile" in cmd else 1.0
+        return 4000.0 * speed[precision] * compiled * share[child(cmd).replace(":reduce-overhead", "")]
+
+    calls = stub_children(monkeypatch, img_s)
+    variants = "raw,app_synthetic,app_folder_gpu_preallocated_tv@0.5"
+    argv = ["--matrix", "fp16:eager,bf16:reduce-overhead", "--variants", variants, "--data", str(data)]
+    throughput.main([*argv, "--batch", "1", "--warmup", "1", "--steps", "1"])
+    runs = [(cmd[cmd.index("--precision") + 1], "--compile" in cmd, child(cmd)) for cmd, _ in calls]
+    assert runs == [
+        ("fp16", False, "raw"),
+        ("fp16", False, "app_synthetic"),
+        ("fp16", False, "app_folder_gpu_preallocated_tv@0.5"),
+        ("bf16", True, "raw"),  # the plain loop compiles with torch.compile's default mode
+        ("bf16", True, "app_synthetic:reduce-overhead"),
+        ("bf16", True, "app_folder_gpu_preallocated_tv@0.5:reduce-overhead"),
+    ]
+    assert not any("--matrix" in cmd or any(arg.startswith("--matrix") for arg in cmd) for cmd, _ in calls)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    header, _, *body = ([c.strip() for c in line.strip("|").split("|")] for line in lines)
+    assert header[:3] == ["config (resnet50, NCHW, batch 1/GPU, CUDA_DEVICE_MAX_CONNECTIONS=32)", "variant", "GPUs"]
+    cells = {(c[0], c[1]): dict(zip(header, c, strict=True)) for c in body}
+    assert len(cells) == 6
+    assert cells["fp16 eager", "raw"]["img/s"] == "4,000"
+    assert cells["bf16 reduce-overhead", "raw"]["img/s"] == "7,200"
+    # Each configuration's ratios are to its own raw and app_synthetic rows.
+    for config in ("fp16 eager", "bf16 reduce-overhead"):
+        assert cells[config, "app_synthetic"]["vs raw"] == "0.990"
+        assert cells[config, "app_folder_gpu_preallocated_tv@0.5"]["vs synthetic"] == "0.960"
+
+
+def test_the_table_gives_the_device_s_memory_beside_torch_s_peak(throughput) -> None:
+    rows = {
+        ("raw", 1): {**row(5000, 50.0, 11.0), "device_mem_gib": 12.0},
+        ("app_folder_gpu@0.5", 1): {**row(4800, 52.0, 11.5), "device_mem_gib": 13.2},
+        ("app_synthetic", 1): row(4900, 51.0, 11.0),  # a result from before the column: "-"
+    }
+    header, _, *body = ([c.strip() for c in line.strip("|").split("|")] for line in throughput.table(rows, "x"))
+    cells = {c[0]: dict(zip(header, c, strict=True)) for c in body}
+    assert (cells["app_folder_gpu@0.5"]["device GiB"], cells["app_folder_gpu@0.5"]["device vs raw"]) == (
+        "13.20",
+        "1.100",
+    )
+    assert (cells["app_synthetic"]["device GiB"], cells["app_synthetic"]["device vs raw"]) == ("-", "-")
