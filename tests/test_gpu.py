@@ -43,12 +43,23 @@ def test_prefetched_batches_equal_cpu_reference_bit_for_bit():
         assert torch.equal(gy.cpu(), cy)
 
 
-def test_record_stream_keeps_batch_memory_valid_while_consumer_lags():
+def _copy_as_decoder(images: torch.Tensor, device: torch.device, lane: int = 0) -> torch.Tensor:
+    """A decoder for the prefetcher's threaded path (what gpu_decode.decode_batch is to it): the batch as float32 on
+    the device, made on the producer thread's side stream."""
+    return images.to(device, non_blocking=True).float()
+
+
+@pytest.mark.parametrize(
+    ("decoder", "producers"),
+    [(None, 1), (_copy_as_decoder, 1), (_copy_as_decoder, 2)],
+    ids=["copy", "producer-thread", "two-producer-threads"],
+)
+def test_record_stream_keeps_batch_memory_valid_while_consumer_lags(decoder, producers):
     batches = _uint8_batches(12, size=128, batch=32, seed=1)
     reference = [DevicePrefetcher([b], "cpu").__iter__().__next__()[0].double().sum().item() for b in batches]
     delay = torch.randn(4096, 4096, device="cuda")
     sums = []
-    for images, _ in DevicePrefetcher(batches, "cuda"):
+    for images, _ in DevicePrefetcher(batches, "cuda", decoder=decoder, producers=producers):
         # Keep the consumer stream busy so that the side stream runs ahead: without record_stream the allocator may
         # hand this batch's memory to the next copy before the sum below reads it.
         for _ in range(4):
@@ -100,9 +111,24 @@ def test_channels_last_reaches_the_model(tmp_path: Path):
 class _PinnedBatches(pl.LightningDataModule):
     """Pinned uint8 batches already in memory behind the app's prefetcher: the data path is never the bottleneck."""
 
+    def __init__(self, batch: int = 128) -> None:
+        super().__init__()
+        self.batch = batch
+
     def train_dataloader(self) -> DevicePrefetcher:
-        batches = _uint8_batches(4, size=224, batch=128) * 5
+        batches = _uint8_batches(4, size=224, batch=self.batch) * 5
         return DevicePrefetcher(batches, "cuda", channels_last=True)
+
+
+class _ComputeStream(pl.Callback):
+    """Notes, at every training step, whether the step runs on the device's default stream (the compute kernels'
+    stream in the trace): copies on another stream are then on a non-default one."""
+
+    def __init__(self) -> None:
+        self.on_default: list[bool] = []
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args) -> None:  # noqa: ANN002
+        self.on_default.append(torch.cuda.current_stream() == torch.cuda.default_stream())
 
 
 class _ComputeStreamBusy(pl.Callback):
@@ -123,42 +149,70 @@ def test_kineto_trace_shows_pinned_copies_on_a_side_stream_overlapping_compute(t
     data = _PinnedBatches()
     model = ImageNetClassifier(arch="resnet50", num_classes=1000, batch_size=128, channels_last=True)
     window = ProfilerWindow(start_step=6, num_steps=3, torch_profiler=True, trace_dir=str(tmp_path / "traces"))
+    stream = _ComputeStream()
+    events = _fit_and_read_trace(model, data, "bf16-mixed", [_ComputeStreamBusy(), stream, window])
+    copies, compute = _copies_and_compute_kernels(events)
+    assert stream.on_default and all(stream.on_default)  # the compute stream is the default one
+    overlapped = sum(_overlaps(c, compute) for c in copies)
+    print(f"H2D copies overlapping compute: {overlapped} of {len(copies)}")
+    assert overlapped >= len(copies) // 2, f"only {overlapped} of {len(copies)} H2D copies overlap compute kernels"
+    user = [e["name"] for e in events if e.get("cat") == "user_annotation"]
+    assert [n for n in user if n.startswith("step ")] == ["step 6", "step 7", "step 8"]
+
+
+def test_kineto_trace_shows_the_copies_overlapping_the_models_own_kernels(tmp_path: Path, monkeypatch):
+    """Without queued stand-in work: in fp32 without TF32 a ResNet-50 step of 256 images is long enough on the GPU
+    for the host, under Kineto's per-op overhead, to run ahead of it, so each next batch's copy is issued while the
+    model's own kernels (convolutions, batch norms, the optimizer's) still run, as in a real run."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    data = _PinnedBatches(batch=256)
+    model = ImageNetClassifier(arch="resnet50", num_classes=1000, batch_size=256, channels_last=True)
+    window = ProfilerWindow(start_step=6, num_steps=3, torch_profiler=True, trace_dir=str(tmp_path / "traces"))
+    events = _fit_and_read_trace(model, data, "32-true", [window])
+    copies, compute = _copies_and_compute_kernels(events)
+    assert not any("sleep" in k["name"].lower() for k in compute)
+    overlapped = sum(_overlaps(c, compute) for c in copies)
+    print(f"H2D copies overlapping the model's kernels: {overlapped} of {len(copies)}")
+    assert overlapped >= len(copies) // 2, f"only {overlapped} of {len(copies)} H2D copies overlap the model's kernels"
+
+
+def _fit_and_read_trace(model: pl.LightningModule, data: pl.LightningDataModule, precision: str, callbacks: list):
+    """Fits with a window of steps 6-8 (its ``ProfilerWindow`` last in ``callbacks``) and returns the trace's events."""
+    window = callbacks[-1]
     trainer = pl.Trainer(
         accelerator="gpu",
         devices=1,
-        precision="bf16-mixed",
+        precision=precision,
         max_steps=20,
         limit_val_batches=0,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
-        callbacks=[_ComputeStreamBusy(), window],
+        callbacks=callbacks,
     )
     trainer.fit(model, data)
     assert trainer.global_step == 9  # exit_after: stopped right after the window
     (trace,) = window.trace_files
-    events = json.loads(Path(trace).read_text())["traceEvents"]
+    return json.loads(Path(trace).read_text())["traceEvents"]
+
+
+def _copies_and_compute_kernels(events: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The trace's host-to-device copies, checked to be from pinned memory and on a stream of their own, and the
+    kernels on the compute stream (the one the convolutions and GEMMs run on)."""
     copies = [e for e in events if e.get("cat") == "gpu_memcpy" and "HtoD" in e["name"]]
     kernels = [e for e in events if e.get("cat") == "kernel"]
     assert copies and kernels
     assert all("Pinned" in e["name"] for e in copies), {e["name"] for e in copies}
     compute_streams = {e["args"]["stream"] for e in kernels if "gemm" in e["name"] or "conv" in e["name"].lower()}
     copy_streams = {e["args"]["stream"] for e in copies}
-    assert not copy_streams & compute_streams, (copy_streams, compute_streams)
+    assert len(compute_streams) == 1 and not copy_streams & compute_streams, (copy_streams, compute_streams)
+    return copies, [k for k in kernels if k["args"]["stream"] in compute_streams]
 
-    def overlaps(copy: dict) -> bool:
-        start, end = copy["ts"], copy["ts"] + copy["dur"]
-        return any(
-            k["ts"] < end and k["ts"] + k["dur"] > start
-            for k in kernels
-            if k["args"]["stream"] != copy["args"]["stream"]
-        )
 
-    overlapped = sum(overlaps(c) for c in copies)
-    print(f"H2D copies overlapping compute: {overlapped} of {len(copies)}")
-    assert overlapped >= len(copies) // 2, f"only {overlapped} of {len(copies)} H2D copies overlap compute kernels"
-    user = [e["name"] for e in events if e.get("cat") == "user_annotation"]
-    assert [n for n in user if n.startswith("step ")] == ["step 6", "step 7", "step 8"]
+def _overlaps(copy: dict, kernels: list[dict]) -> bool:
+    start, end = copy["ts"], copy["ts"] + copy["dur"]
+    return any(k["ts"] < end and k["ts"] + k["dur"] > start for k in kernels)
 
 
 def test_fast_collate_batches_pin_and_normalize_on_gpu():
