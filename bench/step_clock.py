@@ -15,6 +15,10 @@ class StepClock(pl.Callback):
     Steps count from 1 (``trainer.global_step`` after the step), so ``first`` is at least 1: at the end of the first
     batch the global step is already 1, and a clock waiting for step 0 would never start. Reaching ``last`` without a
     start raises instead of timing from an unset one.
+
+    ``device_in_use_gib``: what the CUDA device had in use when the clock stopped (``cudaMemGetInfo``, total less free:
+    the context, torch's reserved pool, cuDNN's and nvJPEG's own buffers), None on other devices. Read there, not after
+    the fit: Lightning's teardown empties torch's cache.
     """
 
     def __init__(self, first: int, last: int) -> None:
@@ -25,6 +29,7 @@ class StepClock(pl.Callback):
             )
         self.first, self.last, self.seconds = first, last, 0.0
         self.start: float | None = None
+        self.device_in_use_gib: float | None = None
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
         if trainer.global_step in (self.first, self.last):
@@ -39,3 +44,6 @@ class StepClock(pl.Callback):
                 )
             else:
                 self.seconds = time.perf_counter() - self.start
+                if trainer.strategy.root_device.type == "cuda":
+                    free, total = torch.cuda.mem_get_info(trainer.strategy.root_device)
+                    self.device_in_use_gib = (total - free) / 2**30

@@ -73,7 +73,8 @@ bench/throughput.py ...`` runs with CUDA's default, for the comparison.
 
 Memory: "peak GiB" is ``torch.cuda.max_memory_allocated`` (torch's caching allocator: what the tensors held at
 their peak); "device GiB" is what the device had in use at the end of the timed steps (``cudaMemGetInfo``: the CUDA
-context, the allocator's reserved pool, cuDNN's and nvJPEG's own buffers, which the first leaves out).
+context, the allocator's reserved pool, cuDNN's and nvJPEG's own buffers, which the first leaves out), the plain
+loop's after its last step.
 
 Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
 The warm-up (default 20 steps eager, 60 compiled) is the same for every variant of a run whatever its compile mode,
@@ -457,22 +458,12 @@ def run_raw(a: argparse.Namespace) -> dict:
     result = json.loads(lines[-1])
     result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if torch.cuda.is_available():  # (the tests run a stand-in loop without one)
-        result["device_mem_gib"] = device_in_use_gib(f"cuda:{torch.cuda.current_device()}")
+        # What the device has in use after the loop's last step (it frees nothing at its end): as the app's row reads
+        # it when its clock stops (step_clock.StepClock), before Lightning's teardown empties torch's cache.
+        free, total = torch.cuda.mem_get_info()
+        result["device_mem_gib"] = (total - free) / 2**30
     result["wall_s"] = time.perf_counter() - start
     return result
-
-
-def device_in_use_gib(device: object) -> float | None:
-    """GiB in use on ``device`` (``cudaMemGetInfo``: total less free), after the variant's run: the CUDA context and
-    every library's buffers with torch's reserved pool, which ``max_memory_allocated`` leaves out (each variant runs
-    alone in its process, one process per GPU). None for a CPU device (the tests' runs)."""
-    import torch
-
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    free, total = torch.cuda.mem_get_info(device)
-    return (total - free) / 2**30
 
 
 def app_compile_mode(variant: str, compiled: bool) -> str | None:
@@ -580,7 +571,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         "img_s": round(a.steps * a.batch * gpus / dt, 1),
         "ms_per_step": round(dt * 1000 / a.steps, 2),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "device_mem_gib": device_in_use_gib(trainer.strategy.root_device),
+        "device_mem_gib": timer.device_in_use_gib,
         "wall_s": time.perf_counter() - start,
         "device_connections": cuda_env.connections(),
     }

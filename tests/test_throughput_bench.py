@@ -390,7 +390,6 @@ def test_the_app_is_built_with_the_variants_compile_mode_and_its_result_records_
 
     class FakeTrainer:
         global_rank = 0
-        strategy = SimpleNamespace(root_device=torch.device("cpu"))
 
         def __init__(self, callbacks, **kwargs) -> None:  # noqa: ANN001, ANN003
             self.clock = callbacks[0]
