@@ -236,6 +236,16 @@ def _check_trainer(trainer: Any) -> None:
             "rank, and this app's data module holds its live prefetchers; use --trainer.strategy ddp (Lightning "
             "starts each rank by running train.py again), or torchrun"
         )
+    deterministic = trainer.get("deterministic")
+    if trainer.get("benchmark") and deterministic:
+        # PyTorch ignores cudnn.deterministic when benchmark is on, and Lightning only warns: the run would not be
+        # deterministic as asked (cuDNN's timed algorithm choice can differ from run to run).
+        named = str(deterministic).lower() if isinstance(deterministic, bool) else deterministic
+        raise ConfigError(
+            f"trainer.benchmark true with trainer.deterministic {named}: cuDNN's timed "
+            "algorithm choice would make the run nondeterministic; set trainer.benchmark null (the default: on, "
+            "off with deterministic) or false"
+        )
     precision = str(trainer.precision)
     if precision.startswith("transformer-engine") and importlib.util.find_spec("transformer_engine") is None:
         raise ConfigError(

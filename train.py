@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytorch_lightning as pl
+import torch
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger
@@ -152,12 +153,6 @@ class ImageNetCLI(LightningCLI):
             config_checks.check_before_build(self._section(), self.subcommand)
         except ConfigError as error:
             self._refuse(str(error))
-        trainer = self._section().trainer
-        if trainer.get("benchmark") is None and not trainer.get("deterministic"):
-            # cuDNN then times its algorithms for each convolution shape once and keeps the fastest: the shapes are
-            # fixed (the last partial batch is dropped). torch's default is off, and Lightning leaves it so for a null
-            # benchmark; with deterministic set, Lightning turns it off itself (the two conflict).
-            trainer.benchmark = True
 
     def instantiate_classes(self) -> None:
         try:
@@ -216,6 +211,13 @@ class ImageNetCLI(LightningCLI):
             if said is None:
                 raise
             self._refuse(said)
+        options = self._section().trainer
+        if options.get("benchmark") is None and not options.get("deterministic"):
+            # cuDNN times its algorithms once per convolution shape and keeps the fastest: training's shapes are fixed
+            # (the last partial batch is dropped; validation's adds one shape). torch's default is off, and Lightning
+            # leaves it so for a null benchmark, which stays null in config.yaml so that a rerun of it with
+            # deterministic set is not refused; with deterministic Lightning keeps it off (the two conflict).
+            torch.backends.cudnn.benchmark = True
         # Checkpoints are always written atomically and durably (checkpoint_io.py), unless a CheckpointIO plugin of
         # the user's own replaced Lightning's default.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:

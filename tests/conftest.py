@@ -78,6 +78,13 @@ def device_connections_restored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
 
 
+@pytest.fixture(autouse=True)
+def cudnn_benchmark_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fit turns ``torch.backends.cudnn.benchmark`` on for the process (train.py's default, Lightning's
+    ``benchmark=True``): every test starts with it off, torch's default, and leaves the process as it found it."""
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+
+
 @pytest.fixture(scope="session")
 def shapes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small generated shapes dataset: 10 classes, 24 train and 6 val JPEGs per class, 32x32 pixels. Read-only."""

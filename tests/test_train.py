@@ -126,24 +126,20 @@ def test_ddp_options_reach_the_strategy_s_ddp_keyword_arguments(
 
 
 @pytest.mark.parametrize(
-    ("given", "benchmark", "saved"),
+    ("given", "benchmark"),
     [
-        ([], True, True),
-        (["--trainer.benchmark", "false"], False, False),
-        (["--trainer.deterministic", "warn"], False, None),
+        ([], True),
+        (["--trainer.benchmark", "false"], False),
+        (["--trainer.deterministic", "warn"], False),
+        (["--trainer.deterministic", "true"], False),
     ],
 )
 def test_cudnn_benchmark_is_on_unless_turned_off_or_deterministic(
-    shapes_root: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    built,
-    given: list[str],
-    benchmark: bool,
-    saved: bool | None,
+    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built, given: list[str], benchmark: bool
 ) -> None:
     """torch's default is off and Lightning keeps it for a null ``trainer.benchmark``: the app turns it on (fixed
-    shapes), except where asked not to or for a deterministic run, which it would undo (cuDNN's timed choice)."""
+    shapes), except where asked not to or for a deterministic run, which it would undo (cuDNN's timed choice). The
+    configuration keeps what was given (null), so that its config.yaml reruns with deterministic set."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", not benchmark)
     deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
@@ -153,7 +149,17 @@ def test_cudnn_benchmark_is_on_unless_turned_off_or_deterministic(
     finally:
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
     assert torch.backends.cudnn.benchmark is benchmark
-    assert cli.config.trainer.benchmark is saved  # what config.yaml says
+    assert cli.config.trainer.benchmark is (False if "--trainer.benchmark" in given else None)
+
+
+def test_cudnn_benchmark_with_deterministic_is_refused_naming_both(shapes_root: Path, main, capsys) -> None:
+    """Lightning only warns, and PyTorch then ignores cudnn.deterministic: the run would not be what was asked."""
+    args = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(shapes_root),
+            "--trainer.benchmark", "true", "--trainer.deterministic", "true"]  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *args])
+    assert stopped.value.code == 2
+    assert "error: trainer.benchmark true with trainer.deterministic true: " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
