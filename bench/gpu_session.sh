@@ -19,7 +19,8 @@
 #            (default raw, app synthetic, and the recommended JPEG path: split 0.5, data.nvjpeg preallocated, the
 #            torchvision decoder in the workers) in each configuration of MATRIX (default fp16 and bf16, eager), one
 #            table; e.g. MATRIX=fp16:reduce-overhead,bf16:reduce-overhead (STACKS_AFTER_S: each variant's own limit,
-#            default 240 s)
+#            default 240 s; STAGE_TIMEOUT: the whole stage's, default 560 s here: the default matrix took about 150 s
+#            on an H200 with the JPEG folder made, the two reduce-overhead configurations 342 s)
 # resized-P: the split-P run (VARIANTS default app_synthetic,app_folder,app_folder_gpu@0.85) on the JPEG folder and
 #            on its copy by resize_dataset.py at short side SIDE (default 256), one after the other, each with its own
 #            synthetic row; COMPILE=MODE compiles every app row with that torch.compile mode (MODE:tuned: and
@@ -62,7 +63,7 @@
 # RAW_LOOP=PATH: the plain PyTorch loop of the raw rows, which this repository does not ship (bench/throughput.py
 # reads it; default .carry/raw_loop.py, where ../shared/device/prepare.sh puts the lab's loop); without it leave
 # raw out of VARIANTS.
-# VARIANTS overrides the eager/compile/ddp stages' variant list (comma-separated, see bench/throughput.py);
+# VARIANTS overrides the eager/compile/ddp/matrix stages' variant list (comma-separated, see bench/throughput.py);
 # under compile-P an app row may name its torch.compile mode, e.g. app_synthetic:reduce-overhead (STACKS_AFTER_S:
 # each variant's own limit, default 240 s compiled; max-autotune's compile took about 400 s on an H200);
 # LAUNCHER=lightning runs the ddp stage's app rows under Lightning's own launcher instead of torchrun.
@@ -152,7 +153,7 @@ for stage in "$@"; do
     table "$out/throughput_$stage.txt"; mark $rc ;;
   matrix)
     jpegs; cores=${CORES:-16}
-    BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
+    BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "${STAGE_TIMEOUT:-560}" taskset -c "0-$((cores - 1))" python3 \
       bench/throughput.py --arch resnet50 --channels-last --workers $((cores - 2)) --data "$data" \
       --matrix "${MATRIX:-fp16:eager,bf16:eager}" \
       --variants "${VARIANTS:-raw,app_synthetic,app_folder_gpu_preallocated_tv@0.5}" \
@@ -164,7 +165,7 @@ for stage in "$@"; do
     variants=${VARIANTS:-app_synthetic,app_folder,app_folder_gpu@0.85}
     [ -n "${COMPILE:-}" ] && flags=(--compile) && variants=$(with_mode "$COMPILE" "$variants")
     for folder in "$data" "${data}_$side"; do
-      BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
+      BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "${STAGE_TIMEOUT:-560}" taskset -c "0-$((cores - 1))" python3 \
         bench/throughput.py --arch resnet50 --precision "$p" --channels-last "${flags[@]}" --workers $((cores - 2)) \
         --variants "$variants" --data "$folder" > "$out/throughput_${stage}_$(basename "$folder").txt" 2>&1; rc=$?
       echo "--- $folder"; table "$out/throughput_${stage}_$(basename "$folder").txt"; mark $rc
@@ -236,7 +237,7 @@ for stage in "$@"; do
     for v in app_synthetic $(echo "${VARIANTS:-app_folder_gpu_tv@0.5,app_folder_gpu_tv@0.7}" | tr , ' '); do
       log="$out/producer${TAG:+_$TAG}_${v//[@:+=]/_}.txt"
       child=$(with_mode "$mode" "$v")  # the mode goes before +options (+threads=N)
-      BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
+      BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "${STAGE_TIMEOUT:-560}" taskset -c "0-$((cores - 1))" python3 \
         bench/producer_timing.py "${sync[@]}" "${extra[@]}" -- bench/throughput.py --arch resnet50 --precision bf16 --channels-last \
         --compile --workers $((cores - 2)) --data "$data" --child "$child" > "$log" 2>&1; rc=$?
       [ $rc -eq 0 ] || tail -20 "$log"; mark $rc

@@ -74,22 +74,23 @@ bench/throughput.py ...`` runs with CUDA's default, for the comparison.
 Memory: "peak GiB" is ``torch.cuda.max_memory_allocated`` (torch's caching allocator: what the tensors held at
 their peak); "device GiB" is what the device had in use at the end of the timed steps (``cudaMemGetInfo``: the CUDA
 context, the allocator's reserved pool, cuDNN's and nvJPEG's own buffers, which the first leaves out), the plain
-loop's after its last step.
+loop's after its last step (under DDP after its ``destroy_process_group``, which frees NCCL's buffers: read the
+column on one GPU).
 
-Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does.
-The warm-up (default 20 steps eager, 60 compiled) is the same for every variant of a run whatever its compile mode,
-so that the rows compare alike. Compilation happens in the warm-up and is not timed. max-autotune benchmarks kernel
-choices while it compiles: on an H200 ResNet-50's variant took 405 s from the start of ``trainer.fit`` to the end of
-its 110 steps, and in another call it did not finish in the roughly 440 s left (bench/RESULTS.md, eleventh
-session); ``reduce-overhead:tuned`` took 212-258 s, ``reduce-overhead`` 58-77 s (twelfth session). Allow for that
-in the time limits around the run (``BENCH_STACKS_AFTER_S`` applies to each variant's process and prints its
-threads' stacks; bench/gpu_session.sh's STAGE_TIMEOUT to the whole run).
-``BENCH_STACKS_EVERY_S`` instead prints them at every such interval and does not exit: to follow a long compile.
-Each variant's stderr passes through to this script's stderr as it is written (its stdout is read for the result),
-so the stacks show while the variant runs, and stay in the log when a time limit around the run stops it.
-Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the app runs under Lightning's own
-launcher (``--launcher lightning``: it re-executes this script per rank) or under torchrun. Images/s count all GPUs;
-"scaling" is img/s on N GPUs / (N x img/s of the same variant on 1 GPU).
+Timing: steps after ``--warmup`` are timed between two ``torch.cuda.synchronize()`` calls, as raw_loop.py does. The
+warm-up (default 20 steps eager, 60 compiled) is the same for every variant of a run whatever its compile mode, so that
+the rows compare alike; under --matrix, for every variant of a configuration (20 in an eager one, 60 in a compiled one,
+unless --warmup gives one count for all). Compilation happens in the warm-up and is not timed. max-autotune benchmarks
+kernel choices while it compiles: on an H200 ResNet-50's variant took 405 s from the start of ``trainer.fit`` to the end
+of its 110 steps, and in another call it did not finish in the roughly 440 s left (bench/RESULTS.md, eleventh session);
+``reduce-overhead:tuned`` took 212-258 s, ``reduce-overhead`` 58-77 s (twelfth session). Allow for that in the time
+limits around the run (``BENCH_STACKS_AFTER_S`` applies to each variant's process and prints its threads' stacks;
+bench/gpu_session.sh's STAGE_TIMEOUT to the whole run). ``BENCH_STACKS_EVERY_S`` instead prints them at every such
+interval and does not exit: to follow a long compile. Each variant's stderr passes through to this script's stderr as it
+is written (its stdout is read for the result), so the stacks show while the variant runs, and stay in the log when a
+time limit around the run stops it. Under DDP (``--gpus N`` with N > 1) the plain loop always runs under torchrun; the
+app runs under Lightning's own launcher (``--launcher lightning``: it re-executes this script per rank) or under
+torchrun. Images/s count all GPUs; "scaling" is img/s on N GPUs / (N x img/s of the same variant on 1 GPU).
 """
 
 from __future__ import annotations
@@ -235,7 +236,9 @@ def default_workers(gpus: int) -> int:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # No abbreviations: the parent passes its arguments on to each variant's process without --matrix, which an
+    # abbreviation (--mat) would have kept.
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--arch", default="resnet50")
     p.add_argument("--batch", type=int, default=256, help="per GPU")
     p.add_argument("--precision", choices=sorted(PRECISIONS), help="default bf16")
@@ -285,12 +288,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     a.configs = []
     if a.matrix is not None:
-        if a.compile or a.precision or a.child:
+        if a.child:
+            p.error("--matrix runs the variants itself: a variant's process (--child) takes --precision and --compile")
+        if a.compile or a.precision:
             p.error(
                 "--matrix gives each configuration's precision and compile mode: leave out --precision and --compile"
             )
         if a.inductor:
-            p.error("--inductor applies to compiled runs only: run it with --compile, not --matrix")
+            p.error("--matrix takes no --inductor (one inductor setting per run: run it with --compile)")
         try:
             a.configs = matrix_configs(a.matrix)
         except ValueError as error:
@@ -687,7 +692,12 @@ def main(argv: list[str] | None = None) -> None:
         if config is not None:
             label = config_label(*config)
             child_args = [*without_option(args, "--matrix"), "--precision", config[0]] + ["--compile"] * bool(config[1])
-        blocks.append((label, run_variants(a, child_args, config[1] if config else None, label)))
+        try:
+            blocks.append((label, run_variants(a, child_args, config[1] if config else None, label)))
+        except SystemExit:
+            if blocks:  # a later configuration failed (or a time limit is near): the finished ones are not lost
+                print("\nThe configurations that finished:\n" + "\n".join(matrix_table(blocks, "so far")), flush=True)
+            raise
     config = f"{a.arch}, "
     if not a.configs:
         config += f"{a.precision}, "

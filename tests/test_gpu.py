@@ -121,8 +121,8 @@ class _PinnedBatches(pl.LightningDataModule):
 
 
 class _ComputeStream(pl.Callback):
-    """Notes, at every training step, whether the step runs on the device's default stream (the compute kernels'
-    stream in the trace): copies on another stream are then on a non-default one."""
+    """Notes, at every training step, whether the step runs on torch's default stream: its convolutions are launched
+    there, and the copies, on no stream a convolution runs on, are then not on it."""
 
     def __init__(self) -> None:
         self.on_default: list[bool] = []
@@ -152,7 +152,7 @@ def test_kineto_trace_shows_pinned_copies_on_a_side_stream_overlapping_compute(t
     stream = _ComputeStream()
     events = _fit_and_read_trace(model, data, "bf16-mixed", [_ComputeStreamBusy(), stream, window])
     copies, compute = _copies_and_compute_kernels(events)
-    assert stream.on_default and all(stream.on_default)  # the compute stream is the default one
+    assert stream.on_default and all(stream.on_default)  # the step's stream is the default one
     overlapped = sum(_overlaps(c, compute) for c in copies)
     print(f"H2D copies overlapping compute: {overlapped} of {len(copies)}")
     assert overlapped >= len(copies) // 2, f"only {overlapped} of {len(copies)} H2D copies overlap compute kernels"
@@ -171,7 +171,6 @@ def test_kineto_trace_shows_the_copies_overlapping_the_models_own_kernels(tmp_pa
     window = ProfilerWindow(start_step=6, num_steps=3, torch_profiler=True, trace_dir=str(tmp_path / "traces"))
     events = _fit_and_read_trace(model, data, "32-true", [window])
     copies, compute = _copies_and_compute_kernels(events)
-    assert not any("sleep" in k["name"].lower() for k in compute)
     overlapped = sum(_overlaps(c, compute) for c in copies)
     print(f"H2D copies overlapping the model's kernels: {overlapped} of {len(copies)}")
     assert overlapped >= len(copies) // 2, f"only {overlapped} of {len(copies)} H2D copies overlap the model's kernels"

@@ -639,7 +639,8 @@ def test_matrix_configurations_parse_and_bad_ones_are_refused(throughput) -> Non
     [
         (["--compile"], "leave out --precision and --compile"),
         (["--precision", "fp16"], "leave out --precision and --compile"),
-        (["--inductor", "conv_1x1_as_mm=true"], "--inductor applies to compiled runs only"),
+        (["--inductor", "conv_1x1_as_mm=true"], "--matrix takes no --inductor"),
+        (["--child", "raw"], "a variant's process (--child) takes --precision and --compile"),
         (["--matrix", "fp16:eagre"], "give PRECISION:eager or PRECISION:MODE"),
     ],
 )
@@ -708,3 +709,26 @@ def test_the_table_gives_the_device_s_memory_beside_torch_s_peak(throughput) -> 
         "1.100",
     )
     assert (cells["app_synthetic"]["device GiB"], cells["app_synthetic"]["device vs raw"]) == ("-", "-")
+
+
+def test_matrix_configurations_warm_up_as_their_mode_and_take_the_equals_form(throughput, monkeypatch) -> None:
+    calls = stub_children(monkeypatch)
+    throughput.main(["--matrix=fp16:eager,bf16:default", "--variants", "raw,app_synthetic"])
+    # Each variant's process parses its own arguments: 20 warm-up steps eager, 60 compiled (compilation is untimed).
+    warmups = [(child(cmd), throughput.parse(cmd[2:]).warmup) for cmd, _ in calls]
+    assert warmups == [("raw", 20), ("app_synthetic", 20), ("raw", 60), ("app_synthetic:default", 60)]
+    assert not any(arg.startswith("--matrix") for cmd, _ in calls for arg in cmd)
+
+
+def test_a_failed_configuration_keeps_the_table_of_those_that_finished(throughput, monkeypatch, capsys) -> None:
+    def fake_run(cmd, stdout, stderr, text, env):  # noqa: ANN001
+        if "--compile" in cmd:
+            return SimpleNamespace(returncode=1, stdout="", stderr="")
+        return SimpleNamespace(returncode=0, stdout='RESULT {"img_s": 10.0, "ms_per_step": 1.0, "peak_mem_gib": 1.0}')
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    with pytest.raises(SystemExit, match="bf16 default: variant raw on 1 GPU"):
+        throughput.main(["--matrix", "fp16:eager,bf16:default", "--variants", "raw,app_synthetic"])
+    out = capsys.readouterr().out
+    assert "The configurations that finished:" in out
+    assert "| fp16 eager | app_synthetic | 1 | 10 |" in out and "| bf16 default |" not in out
