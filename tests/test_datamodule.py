@@ -747,3 +747,23 @@ def test_teardown_closes_the_loaders_it_made_and_their_workers(shapes_root: Path
     dm.teardown("fit")
     assert next(batches, None) is None
     assert all(loader._iterator is None for loader in inner)
+
+
+def test_batches_already_on_the_device_are_not_moved_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefetcher (or the synthetic source) hands out batches on the device: Lightning's own transfer, a copy call
+    per tensor, is skipped for them; a batch elsewhere still moves."""
+    import pytorch_lightning as pl
+
+    dm = small_dm(tmp_path)
+    moved = []
+    real = pl.LightningDataModule.transfer_batch_to_device
+    monkeypatch.setattr(
+        pl.LightningDataModule,
+        "transfer_batch_to_device",
+        lambda self, batch, device, idx: moved.append(device) or real(self, batch, device, idx),
+    )
+    batch = (torch.zeros(2, 3, 4, 4), torch.zeros(2, dtype=torch.long))
+    assert dm.transfer_batch_to_device(batch, torch.device("cpu"), 0) is batch
+    assert moved == []
+    images, targets = dm.transfer_batch_to_device(batch, torch.device("meta"), 0)
+    assert moved == [torch.device("meta")] and images.device.type == targets.device.type == "meta"
