@@ -165,7 +165,7 @@ for stage in "$@"; do
     variants=${VARIANTS:-app_synthetic,app_folder,app_folder_gpu@0.85}
     [ -n "${COMPILE:-}" ] && flags=(--compile) && variants=$(with_mode "$COMPILE" "$variants")
     for folder in "$data" "${data}_$side"; do
-      BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "${STAGE_TIMEOUT:-560}" taskset -c "0-$((cores - 1))" python3 \
+      BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
         bench/throughput.py --arch resnet50 --precision "$p" --channels-last "${flags[@]}" --workers $((cores - 2)) \
         --variants "$variants" --data "$folder" > "$out/throughput_${stage}_$(basename "$folder").txt" 2>&1; rc=$?
       echo "--- $folder"; table "$out/throughput_${stage}_$(basename "$folder").txt"; mark $rc
@@ -237,7 +237,7 @@ for stage in "$@"; do
     for v in app_synthetic $(echo "${VARIANTS:-app_folder_gpu_tv@0.5,app_folder_gpu_tv@0.7}" | tr , ' '); do
       log="$out/producer${TAG:+_$TAG}_${v//[@:+=]/_}.txt"
       child=$(with_mode "$mode" "$v")  # the mode goes before +options (+threads=N)
-      BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "${STAGE_TIMEOUT:-560}" taskset -c "0-$((cores - 1))" python3 \
+      BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "$limit" taskset -c "0-$((cores - 1))" python3 \
         bench/producer_timing.py "${sync[@]}" "${extra[@]}" -- bench/throughput.py --arch resnet50 --precision bf16 --channels-last \
         --compile --workers $((cores - 2)) --data "$data" --child "$child" > "$log" 2>&1; rc=$?
       [ $rc -eq 0 ] || tail -20 "$log"; mark $rc
