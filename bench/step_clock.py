@@ -45,5 +45,11 @@ class StepClock(pl.Callback):
             else:
                 self.seconds = time.perf_counter() - self.start
                 if trainer.strategy.root_device.type == "cuda":
-                    free, total = torch.cuda.mem_get_info(trainer.strategy.root_device)
-                    self.device_in_use_gib = (total - free) / 2**30
+                    self.device_in_use_gib = device_in_use_gib(trainer.strategy.root_device)
+
+
+def device_in_use_gib(device: torch.device | None = None) -> float:
+    """GiB in use on the CUDA ``device`` (the current one by default): ``cudaMemGetInfo``'s total less free, which
+    counts the context and every library's buffers with torch's reserved pool."""
+    free, total = torch.cuda.mem_get_info(device)
+    return (total - free) / 2**30

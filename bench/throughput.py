@@ -463,11 +463,12 @@ def run_raw(a: argparse.Namespace) -> dict:
     result = json.loads(lines[-1])
     result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if torch.cuda.is_available():  # (the tests run a stand-in loop without one)
+        from step_clock import device_in_use_gib  # bench/, this script's folder
+
         # What the device has in use after the loop's last step (torch's cache kept; under DDP its process group is
         # destroyed first), as the app's row reads it when its clock stops (step_clock.StepClock), before Lightning's
         # teardown empties torch's cache.
-        free, total = torch.cuda.mem_get_info()
-        result["device_mem_gib"] = (total - free) / 2**30
+        result["device_mem_gib"] = device_in_use_gib()
     result["wall_s"] = time.perf_counter() - start
     return result
 
