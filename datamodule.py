@@ -51,7 +51,6 @@ from gpu_decode import NVJPEG_BINDINGS, decode_batch
 from image_folder import VisibleImageFolder, check_layout
 from image_loading import ImageLoader, min_decode_side
 from prefetcher import IMAGENET_MEAN_255, IMAGENET_STD_255, DevicePrefetcher, SyntheticBatches
-from worker_priority import LowerWorkerPriority, check_worker_nice
 
 
 def fast_collate(batch: Sequence[tuple[Any, int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,9 +182,8 @@ class _TrainLoader(DevicePrefetcher):
 
 #: The options that only files are read with (synthetic batches are drawn on the device at data.crop_size), and those
 #: that only synthetic data reads.
-_FILE_OPTIONS = ("root", "workers", "prefetch_factor", "worker_nice", "min_crop_scale", "val_resize_size",
-                 "val_crop_size", "decode", "cpu_decode_share", "nvjpeg", "decode_threads", "cpu_decoder",
-                 "on_bad_image")  # fmt: skip
+_FILE_OPTIONS = ("root", "workers", "prefetch_factor", "min_crop_scale", "val_resize_size", "val_crop_size", "decode",
+                 "cpu_decode_share", "nvjpeg", "decode_threads", "cpu_decoder", "on_bad_image")  # fmt: skip
 _SYNTHETIC_OPTIONS = ("synthetic_num_classes", "synthetic_train_steps", "synthetic_val_steps")
 
 
@@ -220,9 +218,6 @@ class ImageNetDataModule(pl.LightningDataModule):
         val_crop_size: Validation center-crop side in pixels.
         channels_last: Hand batches out in channels_last format (set from ``model.channels_last``).
         prefetch_factor: Batches each worker loads ahead.
-        worker_nice: Added to each loader worker's nice value (0 to 19, Linux): with cores short, the training
-            process's threads (the step's launches, the GPU decode) then run first and the workers take what is left
-            (worker_priority.py). 0 keeps the workers at the training process's priority.
         synthetic_num_classes: Number of classes with ``source: synthetic``.
         synthetic_train_steps: Batches per training epoch with ``source: synthetic``.
         synthetic_val_steps: Batches per validation run with ``source: synthetic``.
@@ -277,7 +272,6 @@ class ImageNetDataModule(pl.LightningDataModule):
         val_crop_size: int = 224,
         channels_last: bool = False,
         prefetch_factor: int = 2,
-        worker_nice: int = 0,
         synthetic_num_classes: int = 1000,
         synthetic_train_steps: int = 100,
         synthetic_val_steps: int = 10,
@@ -319,12 +313,6 @@ class ImageNetDataModule(pl.LightningDataModule):
             rank_zero_warn(
                 f"data.prefetch_factor {prefetch_factor} has no effect with data.workers 0: the main process loads "
                 "each batch when it is needed; give data.workers to load ahead"
-            )
-        check_worker_nice(worker_nice)
-        if workers == 0 and worker_nice and source != "synthetic":
-            rank_zero_warn(
-                f"data.worker_nice {worker_nice} has no effect with data.workers 0: the training process loads the "
-                "batches itself, at its own priority"
             )
         if not 0.0 <= cpu_decode_share <= 1.0:
             raise ValueError(
@@ -633,10 +621,6 @@ class ImageNetDataModule(pl.LightningDataModule):
         if workers > 0 and int(os.environ.get("PL_SEED_WORKERS", 0)):
             # seed_everything(workers=True): distinct, reproducible seeds per worker and rank.
             worker_init_fn = partial(pl_worker_init_function, rank=self._world()[1])
-        if workers > 0:
-            worker_init_fn = WorkerSignalShield(worker_init_fn)
-            if self.hparams.worker_nice:
-                worker_init_fn = LowerWorkerPriority(self.hparams.worker_nice, worker_init_fn)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -650,9 +634,8 @@ class ImageNetDataModule(pl.LightningDataModule):
             drop_last=drop_last,
             persistent_workers=workers > 0,
             prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
-            # Workers leave SIGINT/SIGTERM to the main process, which stops at a step boundary (callbacks/preemption),
-            # and with data.worker_nice they run at a lower priority than the training process.
-            worker_init_fn=worker_init_fn,
+            # Workers leave SIGINT/SIGTERM to the main process, which stops at a step boundary (callbacks/preemption).
+            worker_init_fn=WorkerSignalShield(worker_init_fn) if workers > 0 else None,
         )
 
     def _wrap(

@@ -41,8 +41,6 @@ Variants:
     APP_VARIANT+threads=N  an app_folder_gpu variant with data.decode_threads=N: N threads decode batches at once
                    (producer_threads.py), e.g. app_folder_gpu_preallocated_tv@0.5:reduce-overhead+threads=2; on any
                    GPU count
-    APP_VARIANT+nice=N  an app_folder variant with data.worker_nice=N: its loader workers at nice N (0-19), below
-                   the training process, e.g. app_folder_gpu_preallocated_tv@0.5+nice=10 next to its base
     APP_VARIANT+OPTION[+OPTION]  an app variant with options of torch's DistributedDataParallel (under DDP only):
                    +bucket_view (gradient_as_bucket_view: gradients are views into the all-reduce buckets, no copy),
                    +static_graph, +bucket_mb=N (bucket_cap_mb, torch's default 25), e.g. app_synthetic+bucket_view;
@@ -134,16 +132,16 @@ def ddp_options(variant: str) -> tuple[str, dict]:
     """``app_synthetic+bucket_view+bucket_mb=50`` -> ``("app_synthetic", {"gradient_as_bucket_view": True,
     "bucket_cap_mb": 50.0})``: the variant without its DDP options, and the keyword arguments for torch's DDP.
     A compile mode stays with the variant (``app_synthetic:reduce-overhead+bucket_view`` ->
-    ``app_synthetic:reduce-overhead``): it comes before the options; ``+threads=N`` and ``+nice=N``
-    (:func:`decode_threads`, :func:`worker_nice`), which are no DDP options, stay with it too."""
+    ``app_synthetic:reduce-overhead``): it comes before the options; so does ``+threads=N``
+    (:func:`decode_threads`), which is no DDP option."""
     variant, *options = variant.split("+")
     if options and not variant.startswith("app_"):
         raise ValueError(f"options {'+'.join(options)!r}: only app variants take them, not {variant!r}")
     kwargs: dict = {}
     for option in options:
         key, eq, value = option.partition("=")
-        if key in ("threads", "nice"):
-            variant += "+" + option  # checked by decode_threads and worker_nice
+        if key == "threads":
+            variant += "+" + option  # checked by decode_threads
         elif option == "bucket_view":
             kwargs["gradient_as_bucket_view"] = True
         elif option == "static_graph":
@@ -162,26 +160,16 @@ def decode_threads(variant: str) -> tuple[str, int]:
     """``app_folder_gpu@0.5:reduce-overhead+threads=2+bucket_view`` -> ``("app_folder_gpu@0.5:reduce-overhead
     +bucket_view", 2)``: the variant without ``+threads=N`` and its data.decode_threads (1 without one). Only
     ``app_folder_gpu`` variants take it, N from 1 to 8 (the data module's range), once."""
-    return _data_option(variant, "threads", range(1, 9), "app_folder_gpu", "data.decode_threads", 1)
-
-
-def worker_nice(variant: str) -> tuple[str, int]:
-    """``app_folder_gpu@0.5+nice=10`` -> ``("app_folder_gpu@0.5", 10)``: the variant without ``+nice=N`` and its
-    data.worker_nice (0 without one). Only ``app_folder`` variants take it (they have workers), N from 0 to 19."""
-    return _data_option(variant, "nice", range(20), "app_folder", "data.worker_nice", 0)
-
-
-def _data_option(variant: str, key: str, valid: range, prefix: str, what: str, default: int) -> tuple[str, int]:
     head, *options = variant.split("+")
-    values = [option.partition("=")[2] for option in options if option.partition("=")[0] == key]
-    if not values:
-        return variant, default
-    if len(values) > 1 or not values[0].isdigit() or int(values[0]) not in valid:
-        raise ValueError(f"variant {variant!r}: one +{key}=N with N from {valid[0]} to {valid[-1]} ({what})")
-    if not head.startswith(prefix):
-        raise ValueError(f"variant {variant!r}: +{key}=N ({what}) applies to {prefix} variants")
-    rest = [option for option in options if option.partition("=")[0] != key]
-    return "+".join([head, *rest]), int(values[0])
+    counts = [option.partition("=")[2] for option in options if option.partition("=")[0] == "threads"]
+    if not counts:
+        return variant, 1
+    if len(counts) > 1 or not counts[0].isdigit() or not 1 <= int(counts[0]) <= 8:
+        raise ValueError(f"variant {variant!r}: one +threads=N with N from 1 to 8 (data.decode_threads)")
+    if not head.startswith("app_folder_gpu"):
+        raise ValueError(f"variant {variant!r}: +threads=N (data.decode_threads) applies to app_folder_gpu variants")
+    rest = [option for option in options if option.partition("=")[0] != "threads"]
+    return "+".join([head, *rest]), int(counts[0])
 
 
 def compile_mode(variant: str) -> tuple[str, str | None]:
@@ -213,7 +201,7 @@ def split_variant(variant: str) -> tuple[str, float]:
     """``app_folder_gpu@0.7`` -> ``("app_folder_gpu", 0.7)``; any other variant has a CPU decode share of 0.
     Options after ``+`` (``ddp_options``, ``decode_threads``) and a compile mode after ``:`` (``compile_mode``) are
     checked and left out."""
-    name, at, share = compile_mode(worker_nice(decode_threads(ddp_options(variant)[0])[0])[0])[0].partition("@")
+    name, at, share = compile_mode(decode_threads(ddp_options(variant)[0])[0])[0].partition("@")
     if name not in VARIANTS or (at and not name.startswith("app_folder_gpu")):
         raise ValueError(
             f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, "
@@ -513,7 +501,6 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
     name, cpu_share = split_variant(variant)
     ddp_kwargs = ddp_options(variant)[1]
     threads = decode_threads(variant)[1]
-    nice = worker_nice(variant)[1]
     mode = app_compile_mode(variant, a.compile)
     compile_as, _, tuned = (mode or "").partition(":")
     folder = name.startswith("app_folder")
@@ -535,7 +522,6 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
             cpu_decode_share=cpu_share,
             nvjpeg="preallocated" if "_preallocated" in name else "torchvision",
             decode_threads=threads,
-            worker_nice=nice,
             cpu_decoder=workers_decoder(name),
         )
     else:

@@ -715,46 +715,6 @@ def test_a_prefetch_factor_without_workers_is_said() -> None:
         ImageNetDataModule(root="unused", workers=0, prefetch_factor=4)
 
 
-@pytest.mark.parametrize("value", [-1, 20, True, 2.5, "10"])
-def test_a_worker_nice_outside_0_to_19_is_refused(value: object) -> None:
-    with pytest.raises(ValueError, match=re.escape("data.worker_nice must be an integer from 0 (the workers keep")):
-        ImageNetDataModule(root="unused", workers=2, worker_nice=value)
-
-
-def test_a_worker_nice_without_workers_is_said() -> None:
-    with pytest.warns(UserWarning, match="data.worker_nice 10 has no effect with data.workers 0"):
-        ImageNetDataModule(root="unused", workers=0, worker_nice=10)
-
-
-def _nice_of_children() -> dict[int, int]:
-    """{pid: nice value} of this process's child processes (/proc/PID/stat: ppid is field 4, nice field 19)."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:  # a process that ended while the folder was listed
-            continue
-        if int(fields[1]) == os.getpid():
-            children[int(stat.parent.name)] = int(fields[16])
-    return children
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the workers' nice values from /proc")
-@pytest.mark.parametrize("nice", [0, 7])
-def test_the_loader_workers_run_at_worker_nice_above_the_training_process(shapes_root: Path, nice: int) -> None:
-    dm = small_dm(shapes_root, workers=2, worker_nice=nice, prefetch_factor=1)
-    dm.setup("fit")
-    before = set(_nice_of_children())
-    loader = dm.train_dataloader()
-    images, _ = next(iter(loader))  # the persistent workers start, and stay until the loader goes
-    assert images.shape[0] == 8
-    workers = {pid: value for pid, value in _nice_of_children().items() if pid not in before}
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    assert len(workers) == 2 and set(workers.values()) == {min(own + nice, 19)}
-    assert os.getpriority(os.PRIO_PROCESS, 0) == own  # the training process keeps its priority
-    dm.teardown("fit")
-
-
 def test_options_the_source_does_not_read_are_said() -> None:
     # --data.source synthetic over a folder's configuration: its folder, loader and decode options do nothing.
     said = "data.source synthetic does not read data.root x, data.workers 0, data.val_crop_size 64, data.decode gpu: "

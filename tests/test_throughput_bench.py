@@ -203,46 +203,6 @@ def test_a_threads_option_sets_the_decode_threads_of_a_gpu_decode_row_on_any_gpu
     assert kwargs["decode_threads"] == 2 and kwargs["nvjpeg"] == "preallocated" and kwargs["cpu_decode_share"] == 0.5
 
 
-def test_a_nice_option_sets_the_worker_nice_of_a_folder_row(throughput, monkeypatch, capsys) -> None:
-    variant = "app_folder_gpu_preallocated_tv@0.5:reduce-overhead+threads=2+nice=10"
-    assert throughput.worker_nice(variant) == ("app_folder_gpu_preallocated_tv@0.5:reduce-overhead+threads=2", 10)
-    assert throughput.worker_nice("app_folder_tv") == ("app_folder_tv", 0)
-    assert throughput.ddp_options(variant + "+bucket_view") == (variant, {"gradient_as_bucket_view": True})
-    assert throughput.split_variant(variant) == ("app_folder_gpu_preallocated_tv", 0.5)
-    assert throughput.split_variant("app_folder+nice=19") == ("app_folder", 0.0)
-    for bad, message in [
-        ("app_folder_gpu+nice=20", "one \\+nice=N with N from 0 to 19"),
-        ("app_folder_gpu+nice=-1", "one \\+nice=N with N from 0 to 19"),
-        ("app_folder_gpu+nice=5+nice=6", "one \\+nice=N with N from 0 to 19"),
-        ("app_synthetic+nice=5", "applies to app_folder variants"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            throughput.split_variant(bad)
-
-    # A row of its own on one GPU, next to its base.
-    monkeypatch.setattr(throughput, "check_epoch_room", lambda *args: None)
-    calls = stub_children(monkeypatch)
-    throughput.main(["--data", "/unused", "--variants", "app_folder_gpu@0.5,app_folder_gpu@0.5+nice=10"])
-    assert [child(cmd) for cmd, _ in calls] == ["app_folder_gpu@0.5", "app_folder_gpu@0.5+nice=10"]
-    assert "| app_folder_gpu@0.5+nice=10 | 1 | 5,000 |" in capsys.readouterr().out
-
-    # The variant's process hands the value to the data module.
-    import datamodule
-
-    class Built(Exception):
-        pass
-
-    def recorder(**kwargs: object) -> None:
-        raise Built(kwargs)
-
-    monkeypatch.setattr(datamodule, "ImageNetDataModule", recorder)
-    for name, nice in [(variant, 10), ("app_folder_gpu@0.5", 0)]:
-        with pytest.raises(Built) as built:
-            throughput.run_app(throughput.parse(["--data", "/unused", "--compile"]), name)
-        assert built.value.args[0]["worker_nice"] == nice
-    assert built.value.args[0]["decode_threads"] == 1
-
-
 def test_compiled_runs_warm_up_longer_unless_told(throughput) -> None:
     assert throughput.parse([]).warmup == 20
     assert throughput.parse(["--compile"]).warmup == 60
