@@ -20,7 +20,9 @@
 #            torchvision decoder in the workers) in each configuration of MATRIX (default fp16 and bf16, eager), one
 #            table; e.g. MATRIX=fp16:reduce-overhead,bf16:reduce-overhead (STACKS_AFTER_S: each variant's own limit,
 #            default 240 s; STAGE_TIMEOUT: the whole stage's, default 560 s here: the default matrix took about 150 s
-#            on an H200 with the JPEG folder made, the two reduce-overhead configurations 342 s)
+#            on an H200 with the JPEG folder made, the two reduce-overhead configurations 342 s); ROUNDS=N runs the
+#            list N times in rotated orders and gives each row's median (bench/throughput.py --rounds; N times the
+#            time: one configuration a call)
 # resized-P: the split-P run (VARIANTS default app_synthetic,app_folder,app_folder_gpu@0.85) on the JPEG folder and
 #            on its copy by resize_dataset.py at short side SIDE (default 256), one after the other, each with its own
 #            synthetic row; COMPILE=MODE compiles every app row with that torch.compile mode (MODE:tuned: and
@@ -155,7 +157,7 @@ for stage in "$@"; do
     jpegs; cores=${CORES:-16}
     BENCH_STACKS_AFTER_S=${STACKS_AFTER_S:-240} timeout "${STAGE_TIMEOUT:-560}" taskset -c "0-$((cores - 1))" python3 \
       bench/throughput.py --arch resnet50 --channels-last --workers $((cores - 2)) --data "$data" \
-      --matrix "${MATRIX:-fp16:eager,bf16:eager}" \
+      --matrix "${MATRIX:-fp16:eager,bf16:eager}" --rounds "${ROUNDS:-1}" \
       --variants "${VARIANTS:-raw,app_synthetic,app_folder_gpu_preallocated_tv@0.5}" \
       > "$out/throughput_$stage.txt" 2>&1; rc=$?
     table "$out/throughput_$stage.txt"; mark $rc ;;

@@ -62,6 +62,12 @@ eager or compiled with that torch.compile mode, the plain loop with the default 
 after the other, and prints one table with a config column; each configuration's ratios are to its own raw and
 app_synthetic rows. It stands for --precision and --compile, and the variants then take no ``:MODE``.
 
+``--rounds N`` runs the variant list N times, each round in another order (rotated by one place, so that each variant
+takes each place once in N rounds of N variants), and the table gives each row's median run (ratios between medians)
+and every round's img/s in a last column. One run of a JPEG row is a weak figure: on an H200 the same fp16 eager
+JPEG variant gave 4,218-5,658 img/s across runs of one call, and a variant's place in the order moved it
+(bench/RESULTS.md, thirty-fifth session). Each round costs the whole list's time again.
+
 ``--inductor KEY=VALUE`` sets a ``torch._inductor.config`` option in every variant's process (one run per setting,
 so settings compare as one process after the other). On ResNet-50 under ``reduce-overhead`` none of
 ``conv_1x1_as_mm``, ``aggressive_fusion`` and ``triton.enable_pdl`` beat the default's two runs, and PDL was 1.1-1.4%
@@ -252,6 +258,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--steps", type=int, default=50, help="timed steps")
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the variant list this many times, rotated by one place each round; the table gives each row's "
+        "median run and every round's img/s",
+    )
+    p.add_argument(
         "--warmup",
         type=int,
         help="untimed steps first, at least 1 (default 20 eager, 60 compiled: on an H200 the compiled fp16 app ran at "
@@ -311,6 +324,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--warmup {a.warmup}: give at least 1 untimed step (cudnn's benchmarking and compilation run there)")
     if a.steps < 1:
         p.error(f"--steps {a.steps}: give at least 1 timed step")
+    if a.rounds < 1:
+        p.error(f"--rounds {a.rounds}: give at least 1 (each round runs every variant once)")
+    if a.rounds > 1 and a.child:
+        p.error("--rounds repeats the variants' processes: a variant's process (--child) runs once")
     if a.batch < 1:
         p.error(f"--batch {a.batch}: give at least 1 image per GPU")
     try:
@@ -668,7 +685,8 @@ def main(argv: list[str] | None = None) -> None:
         if result:
             print("RESULT " + json.dumps(result), flush=True)
         return
-    args = list(argv if argv is not None else sys.argv[1:])
+    # A variant's process runs once: the rounds are this process's.
+    args = without_option(list(argv if argv is not None else sys.argv[1:]), "--rounds")
     gpu_counts = a.gpu_counts
     try:
         [split_variant(variant) for variant in a.variants.split(",")]
@@ -709,6 +727,8 @@ def main(argv: list[str] | None = None) -> None:
     config += f"batch {a.batch}/GPU"
     config += "".join(f", inductor {key}={json.dumps(value)}" for key, value in a.inductor_options.items())
     config += f", {cuda_env.MAX_CONNECTIONS}={connections}"
+    if a.rounds > 1:
+        config += f", median of {a.rounds} rounds in rotated orders"
     if max(gpu_counts) > 1:
         config += f", app DDP via {a.launcher}"
     print()
@@ -730,39 +750,62 @@ def without_option(args: list[str], option: str) -> list[str]:
 
 def run_variants(a: argparse.Namespace, child_args: list[str], mode: str | None, label: str) -> dict:
     """Every variant of ``a.variants`` on every GPU count, each in its own process started with ``child_args``, the
-    app variants compiled with ``mode`` (a --matrix configuration's; None: as the variant says): (variant, GPUs) ->
-    its result."""
+    app variants compiled with ``mode`` (a --matrix configuration's; None: as the variant says), ``a.rounds`` times in
+    rotated orders: (variant, GPUs) -> its result (the median run of its rounds, the lower middle one of an even
+    count, with each round's img/s in ``rounds_img_s`` when there are several), in the list's order."""
+    variants = a.variants.split(",")
     rows: dict[tuple[str, int], dict] = {}
     for gpus in a.gpu_counts:
-        for variant in a.variants.split(","):
-            base = ddp_options(variant)[0]
-            if gpus == 1 and base != variant and (base, 1) in rows:
-                # One GPU runs without DDP: the options change nothing there, so the row is the base variant's.
-                rows[variant, 1] = {**rows[base, 1], "same_as": base}
+        # One GPU runs without DDP: a variant with DDP options listed after its base is the base's row there.
+        same_as = {}
+        if gpus == 1:
+            same_as = {v: ddp_options(v)[0] for k, v in enumerate(variants) if ddp_options(v)[0] in variants[:k]}
+        runs: dict[str, list[dict]] = {}
+        for round_ in range(a.rounds):
+            shift = round_ % len(variants)
+            for variant in variants[shift:] + variants[:shift]:
+                if variant not in same_as:
+                    runs.setdefault(variant, []).append(run_variant(a, child_args, mode, label, variant, gpus, round_))
+        for variant in variants:
+            if variant in same_as:
+                rows[variant, gpus] = {**rows[same_as[variant], gpus], "same_as": same_as[variant]}
                 continue
-            cmd = [sys.executable, __file__, *child_args, "--child", with_compile_mode(variant, mode)]
-            if gpus > 1 and (variant == "raw" or a.launcher == "torchrun"):
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "torch.distributed.run",
-                    "--standalone",
-                    f"--nproc_per_node={gpus}",
-                    *cmd[1:],
-                ]
-            # stdout carries the RESULT line; stderr passes through as the variant writes it (BENCH_STACKS_EVERY_S's
-            # stacks during a long compile, and what a variant printed before a time limit around the run killed it).
-            proc = subprocess.run(
-                cmd, stdout=subprocess.PIPE, stderr=None, text=True, env={**os.environ, "BENCH_GPUS": str(gpus)}
-            )
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            where = f"{label}: " if label else ""
-            if proc.returncode != 0 or not lines:
-                print(proc.stdout[-3000:], file=sys.stderr)  # its stderr (every thread's stack) is already there
-                sys.exit(f"{where}variant {variant} on {gpus} GPU(s) failed with exit code {proc.returncode}")
-            rows[variant, gpus] = json.loads(lines[-1][len("RESULT ") :])
-            print(f"{where}{variant} x{gpus}: {rows[variant, gpus]}", flush=True)
+            results = runs[variant]
+            # median_low of the runs' rates: one real run's figures (its ms/step and memory with its img/s).
+            rows[variant, gpus] = dict(sorted(results, key=lambda r: r["img_s"])[(len(results) - 1) // 2])
+            if a.rounds > 1:
+                rows[variant, gpus]["rounds_img_s"] = [r["img_s"] for r in results]
     return rows
+
+
+def run_variant(
+    a: argparse.Namespace, child_args: list[str], mode: str | None, label: str, variant: str, gpus: int, round_: int
+) -> dict:
+    """``variant``'s result on ``gpus`` GPU(s), from its own process (round ``round_`` of ``a.rounds``)."""
+    cmd = [sys.executable, __file__, *child_args, "--child", with_compile_mode(variant, mode)]
+    if gpus > 1 and (variant == "raw" or a.launcher == "torchrun"):
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={gpus}",
+            *cmd[1:],
+        ]
+    # stdout carries the RESULT line; stderr passes through as the variant writes it (BENCH_STACKS_EVERY_S's
+    # stacks during a long compile, and what a variant printed before a time limit around the run killed it).
+    proc = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=None, text=True, env={**os.environ, "BENCH_GPUS": str(gpus)}
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    where = f"{label}: " if label else ""
+    which = f" (round {round_ + 1} of {a.rounds})" if a.rounds > 1 else ""
+    if proc.returncode != 0 or not lines:
+        print(proc.stdout[-3000:], file=sys.stderr)  # its stderr (every thread's stack) is already there
+        sys.exit(f"{where}variant {variant} on {gpus} GPU(s){which} failed with exit code {proc.returncode}")
+    result = json.loads(lines[-1][len("RESULT ") :])
+    print(f"{where}{variant} x{gpus}{which}: {result}", flush=True)
+    return result
 
 
 COLUMNS = (
@@ -777,6 +820,8 @@ COLUMNS = (
     "device GiB",
     "device vs raw",
 )
+#: The last column of a run with --rounds above 1: each round's img/s of the row, in the rounds' order.
+ROUNDS_COLUMN = "img/s each round"
 
 
 def table(rows: dict[tuple[str, int], dict], config: str) -> list[str]:
@@ -785,15 +830,21 @@ def table(rows: dict[tuple[str, int], dict], config: str) -> list[str]:
     A folder row with a compile mode is compared with the synthetic row of that mode (``app_synthetic:MODE``) if
     there is one, else with plain ``app_synthetic``; one without, with ``app_synthetic`` (else ``:default``, the
     same mode under --compile)."""
-    lines = [f"| variant ({config}) | {' | '.join(COLUMNS)} |", "|---" * (1 + len(COLUMNS)) + "|"]
+    columns = COLUMNS + (ROUNDS_COLUMN,) * _has_rounds([rows])
+    lines = [f"| variant ({config}) | {' | '.join(columns)} |", "|---" * (1 + len(columns)) + "|"]
     return lines + [f"| {' | '.join(cells)} |" for cells in row_cells(rows)]
 
 
 def matrix_table(blocks: list[tuple[str, dict[tuple[str, int], dict]]], config: str) -> list[str]:
     """One table of every --matrix configuration's rows (``(label, rows)`` each, as :func:`table` takes them), with
     the configuration in the first column; each row's ratios are to its own configuration's rows."""
-    lines = [f"| config ({config}) | variant | {' | '.join(COLUMNS)} |", "|---" * (2 + len(COLUMNS)) + "|"]
+    columns = COLUMNS + (ROUNDS_COLUMN,) * _has_rounds([rows for _, rows in blocks])
+    lines = [f"| config ({config}) | variant | {' | '.join(columns)} |", "|---" * (2 + len(columns)) + "|"]
     return lines + [f"| {label} | {' | '.join(cells)} |" for label, rows in blocks for cells in row_cells(rows)]
+
+
+def _has_rounds(blocks: list[dict[tuple[str, int], dict]]) -> bool:
+    return any("rounds_img_s" in r for rows in blocks for r in rows.values())
 
 
 def row_cells(rows: dict[tuple[str, int], dict]) -> list[list[str]]:
@@ -826,6 +877,7 @@ def row_cells(rows: dict[tuple[str, int], dict]) -> list[list[str]]:
                 "-" if device is None else f"{device:.2f}",
                 device_ratio,
             ]
+            + ([" / ".join(f"{x:,.0f}" for x in r["rounds_img_s"])] if "rounds_img_s" in r else [])
         )
     return out
 

@@ -732,3 +732,76 @@ def test_a_failed_configuration_keeps_the_table_of_those_that_finished(throughpu
     out = capsys.readouterr().out
     assert "The configurations that finished:" in out
     assert "| fp16 eager | app_synthetic | 1 | 10 |" in out and "| bf16 default |" not in out
+
+
+def test_rounds_rotate_the_order_and_the_table_gives_each_row_s_median_and_every_round(
+    throughput, monkeypatch, capsys
+) -> None:
+    # Each (variant, round) its own rate; the rounds are told apart by how many runs the variant had before.
+    rates = {"raw": [5000.0, 5100.0, 4900.0], "app_synthetic": [6000.0, 5000.0, 5500.0]}
+    done: dict[str, int] = {}
+
+    def img_s(cmd: list, env: dict) -> float:
+        variant = child(cmd)
+        done[variant] = done.get(variant, 0) + 1
+        return rates[variant][done[variant] - 1]
+
+    calls = stub_children(monkeypatch, img_s)
+    throughput.main(["--variants", "raw,app_synthetic", "--rounds", "3"])
+    # Rotated by one place a round; no variant's process gets --rounds (it would refuse it).
+    assert [child(cmd) for cmd, _ in calls] == ["raw", "app_synthetic", "app_synthetic", "raw", "raw", "app_synthetic"]
+    assert not any("--rounds" in cmd for cmd, _ in calls)
+    out = capsys.readouterr().out
+    assert "app_synthetic x1 (round 2 of 3):" in out
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    header, _, *body = ([c.strip() for c in line.strip("|").split("|")] for line in lines)
+    assert header[0].endswith("median of 3 rounds in rotated orders)") and header[-1] == "img/s each round"
+    cells = {c[0]: dict(zip(header, c, strict=True)) for c in body}
+    assert cells["raw"]["img/s"] == "5,000" and cells["raw"]["img/s each round"] == "5,000 / 5,100 / 4,900"
+    assert cells["app_synthetic"]["img/s"] == "5,500"
+    assert cells["app_synthetic"]["img/s each round"] == "6,000 / 5,000 / 5,500"
+    assert cells["app_synthetic"]["vs raw"] == "1.100"  # between the medians
+
+
+def test_two_rounds_take_the_lower_middle_run_and_one_round_has_no_rounds_column(
+    throughput, monkeypatch, capsys
+) -> None:
+    rates = iter([4000.0, 4400.0])
+    stub_children(monkeypatch, lambda cmd, env: next(rates))
+    throughput.main(["--variants", "raw", "--rounds=2"])
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| raw")][0]
+    assert row.startswith("| raw | 1 | 4,000 |") and row.endswith("| 4,000 / 4,400 |")
+
+    stub_children(monkeypatch)
+    throughput.main(["--variants", "raw"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    assert "each round" not in lines[0] and "rounds" not in lines[0] and lines[2].endswith("| - | - |")
+
+
+def test_rounds_keep_an_option_variant_on_one_gpu_as_its_base_row(throughput, monkeypatch, capsys) -> None:
+    calls = stub_children(monkeypatch)
+    throughput.main(["--gpus", "1,2", "--variants", "app_synthetic,app_synthetic+bucket_view", "--rounds", "2"])
+    runs = [(child(cmd), env["BENCH_GPUS"]) for cmd, env in calls]
+    assert runs == [
+        ("app_synthetic", "1"),
+        ("app_synthetic", "1"),
+        ("app_synthetic", "2"),
+        ("app_synthetic+bucket_view", "2"),
+        ("app_synthetic+bucket_view", "2"),
+        ("app_synthetic", "2"),
+    ]
+    out = capsys.readouterr().out
+    assert "| app_synthetic+bucket_view (= app_synthetic) | 1 | 5,000 |" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rounds", "0"], "--rounds 0: give at least 1"),
+        (["--rounds", "2", "--child", "raw"], "a variant's process \\(--child\\) runs once"),
+    ],
+)
+def test_bad_rounds_are_refused(throughput, capsys, argv: list, message: str) -> None:
+    with pytest.raises(SystemExit):
+        throughput.parse(argv)
+    assert re.search(message, capsys.readouterr().err)
