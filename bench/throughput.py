@@ -66,7 +66,8 @@ app_synthetic rows. It stands for --precision and --compile, and the variants th
 takes each place once in N rounds of N variants), and the table gives each row's median run (ratios between medians)
 and every round's img/s in a last column. One run of a JPEG row is a weak figure: on an H200 the same fp16 eager
 JPEG variant gave 4,218-5,658 img/s across runs of one call, and a variant's place in the order moved it
-(bench/RESULTS.md, thirty-fifth session). Each round costs the whole list's time again.
+(bench/RESULTS.md, thirty-fifth session). Each round costs the whole list's time again. A variant listed twice runs
+twice a round, and its one row is likewise the median of its runs.
 
 ``--inductor KEY=VALUE`` sets a ``torch._inductor.config`` option in every variant's process (one run per setting,
 so settings compare as one process after the other). On ResNet-50 under ``reduce-overhead`` none of
@@ -759,7 +760,8 @@ def run_variants(a: argparse.Namespace, child_args: list[str], mode: str | None,
         # One GPU runs without DDP: a variant with DDP options listed after its base is the base's row there.
         same_as = {}
         if gpus == 1:
-            same_as = {v: ddp_options(v)[0] for k, v in enumerate(variants) if ddp_options(v)[0] in variants[:k]}
+            bases = {v: ddp_options(v)[0] for v in variants}
+            same_as = {v: b for v, b in bases.items() if b != v and b in variants[: variants.index(v)]}
         runs: dict[str, list[dict]] = {}
         for round_ in range(a.rounds):
             shift = round_ % len(variants)
@@ -773,7 +775,7 @@ def run_variants(a: argparse.Namespace, child_args: list[str], mode: str | None,
             results = runs[variant]
             # median_low of the runs' rates: one real run's figures (its ms/step and memory with its img/s).
             rows[variant, gpus] = dict(sorted(results, key=lambda r: r["img_s"])[(len(results) - 1) // 2])
-            if a.rounds > 1:
+            if len(results) > 1:  # several rounds, or a variant listed more than once
                 rows[variant, gpus]["rounds_img_s"] = [r["img_s"] for r in results]
     return rows
 

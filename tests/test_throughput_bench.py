@@ -777,6 +777,13 @@ def test_two_rounds_take_the_lower_middle_run_and_one_round_has_no_rounds_column
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
     assert "each round" not in lines[0] and "rounds" not in lines[0] and lines[2].endswith("| - | - |")
 
+    # A variant listed twice runs twice, and its one row is the median of both.
+    rates = iter([4000.0, 4600.0, 4400.0])
+    stub_children(monkeypatch, lambda cmd, env: next(rates))
+    throughput.main(["--variants", "raw,app_synthetic,raw"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| raw")]
+    assert rows == [rows[0]] and rows[0].startswith("| raw | 1 | 4,000 |") and rows[0].endswith("| 4,000 / 4,400 |")
+
 
 def test_rounds_keep_an_option_variant_on_one_gpu_as_its_base_row(throughput, monkeypatch, capsys) -> None:
     calls = stub_children(monkeypatch)
