@@ -21,8 +21,9 @@
 #            table; e.g. MATRIX=fp16:reduce-overhead,bf16:reduce-overhead (STACKS_AFTER_S: each variant's own limit,
 #            default 240 s; STAGE_TIMEOUT: the whole stage's, default 560 s here: the default matrix took about 150 s
 #            on an H200 with the JPEG folder made, the two reduce-overhead configurations 342 s); ROUNDS=N runs the
-#            list N times in rotated orders and gives each row's median (bench/throughput.py --rounds; N times the
-#            time: one configuration a call)
+#            list N times in rotated orders and gives each row's median (bench/throughput.py --rounds), in N times
+#            the time: within STAGE_TIMEOUT that is one eager configuration a call (MATRIX=fp16:eager ROUNDS=3); a
+#            stage its timeout stops prints the log's end, where each finished run's result line is
 # resized-P: the split-P run (VARIANTS default app_synthetic,app_folder,app_folder_gpu@0.85) on the JPEG folder and
 #            on its copy by resize_dataset.py at short side SIDE (default 256), one after the other, each with its own
 #            synthetic row; COMPILE=MODE compiles every app row with that torch.compile mode (MODE:tuned: and

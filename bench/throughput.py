@@ -65,8 +65,10 @@ app_synthetic rows. It stands for --precision and --compile, and the variants th
 ``--rounds N`` runs the variant list N times, each round in another order (rotated by one place, so that each variant
 takes each place once in N rounds of N variants), and the table gives each row's median run (ratios between medians)
 and every round's img/s in a last column. One run of a JPEG row is a weak figure: on an H200 the same fp16 eager
-JPEG variant gave 4,218-5,658 img/s across runs of one call, and a variant's place in the order moved it
-(bench/RESULTS.md, thirty-fifth session). Each round costs the whole list's time again. A variant listed twice runs
+JPEG variant gave 4,320 and 5,690 img/s in two runs of one call, and a variant's place in the order seemed to move
+it (bench/RESULTS.md, thirty-fifth session). A rotation changes each variant's place, not the variant before it
+(but at the wrap), so an effect of the previous run is not balanced out. An odd N gives a true median; with an even
+N the row is the lower of the two middle runs. Each round costs the whole list's time again. A variant listed twice runs
 twice a round, and its one row is likewise the median of its runs.
 
 ``--inductor KEY=VALUE`` sets a ``torch._inductor.config`` option in every variant's process (one run per setting,
@@ -263,7 +265,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=1,
         help="run the variant list this many times, rotated by one place each round; the table gives each row's "
-        "median run and every round's img/s",
+        "median run (the lower middle one for an even count: give an odd one) and every round's img/s",
     )
     p.add_argument(
         "--warmup",
@@ -763,21 +765,36 @@ def run_variants(a: argparse.Namespace, child_args: list[str], mode: str | None,
             bases = {v: ddp_options(v)[0] for v in variants}
             same_as = {v: b for v, b in bases.items() if b != v and b in variants[: variants.index(v)]}
         runs: dict[str, list[dict]] = {}
-        for round_ in range(a.rounds):
-            shift = round_ % len(variants)
-            for variant in variants[shift:] + variants[:shift]:
-                if variant not in same_as:
-                    runs.setdefault(variant, []).append(run_variant(a, child_args, mode, label, variant, gpus, round_))
-        for variant in variants:
-            if variant in same_as:
-                rows[variant, gpus] = {**rows[same_as[variant], gpus], "same_as": same_as[variant]}
-                continue
-            results = runs[variant]
-            # median_low of the runs' rates: one real run's figures (its ms/step and memory with its img/s).
-            rows[variant, gpus] = dict(sorted(results, key=lambda r: r["img_s"])[(len(results) - 1) // 2])
-            if len(results) > 1:  # several rounds, or a variant listed more than once
-                rows[variant, gpus]["rounds_img_s"] = [r["img_s"] for r in results]
+        try:
+            for round_ in range(a.rounds):
+                shift = round_ % len(variants)
+                for variant in variants[shift:] + variants[:shift]:
+                    if variant not in same_as:
+                        result = run_variant(a, child_args, mode, label, variant, gpus, round_)
+                        runs.setdefault(variant, []).append(result)
+        except SystemExit:
+            if runs and a.rounds > 1:  # the rounds that finished are not lost with the one that failed
+                _rows_of(variants, gpus, runs, {v: b for v, b in same_as.items() if b in runs}, rows)
+                print(f"\n{label or 'The'} runs that finished:\n" + "\n".join(table(rows, "so far")), flush=True)
+            raise
+        _rows_of(variants, gpus, runs, same_as, rows)
     return rows
+
+
+def _rows_of(variants: list[str], gpus: int, runs: dict[str, list[dict]], same_as: dict[str, str], rows: dict) -> None:
+    """Adds each variant's row on ``gpus`` GPU(s) to ``rows``: the median of its ``runs``, or its base's row
+    (``same_as``); a variant with neither (its round had not come when a run failed) gets none."""
+    for variant in variants:
+        if variant not in runs and variant not in same_as:
+            continue  # not run (a failed round stopped the list)
+        if variant in same_as:
+            rows[variant, gpus] = {**rows[same_as[variant], gpus], "same_as": same_as[variant]}
+            continue
+        results = runs[variant]
+        # median_low of the runs' rates: one real run's figures (its ms/step and memory with its img/s).
+        rows[variant, gpus] = dict(sorted(results, key=lambda r: r["img_s"])[(len(results) - 1) // 2])
+        if len(results) > 1:  # several rounds, or a variant listed more than once
+            rows[variant, gpus]["rounds_img_s"] = [r["img_s"] for r in results]
 
 
 def run_variant(
@@ -832,25 +849,28 @@ def table(rows: dict[tuple[str, int], dict], config: str) -> list[str]:
     A folder row with a compile mode is compared with the synthetic row of that mode (``app_synthetic:MODE``) if
     there is one, else with plain ``app_synthetic``; one without, with ``app_synthetic`` (else ``:default``, the
     same mode under --compile)."""
-    columns = COLUMNS + (ROUNDS_COLUMN,) * _has_rounds([rows])
+    rounds = _has_rounds([rows])
+    columns = COLUMNS + (ROUNDS_COLUMN,) * rounds
     lines = [f"| variant ({config}) | {' | '.join(columns)} |", "|---" * (1 + len(columns)) + "|"]
-    return lines + [f"| {' | '.join(cells)} |" for cells in row_cells(rows)]
+    return lines + [f"| {' | '.join(cells)} |" for cells in row_cells(rows, rounds)]
 
 
 def matrix_table(blocks: list[tuple[str, dict[tuple[str, int], dict]]], config: str) -> list[str]:
     """One table of every --matrix configuration's rows (``(label, rows)`` each, as :func:`table` takes them), with
     the configuration in the first column; each row's ratios are to its own configuration's rows."""
-    columns = COLUMNS + (ROUNDS_COLUMN,) * _has_rounds([rows for _, rows in blocks])
+    rounds = _has_rounds([rows for _, rows in blocks])
+    columns = COLUMNS + (ROUNDS_COLUMN,) * rounds
     lines = [f"| config ({config}) | variant | {' | '.join(columns)} |", "|---" * (2 + len(columns)) + "|"]
-    return lines + [f"| {label} | {' | '.join(cells)} |" for label, rows in blocks for cells in row_cells(rows)]
+    return lines + [f"| {label} | {' | '.join(cells)} |" for label, rows in blocks for cells in row_cells(rows, rounds)]
 
 
 def _has_rounds(blocks: list[dict[tuple[str, int], dict]]) -> bool:
     return any("rounds_img_s" in r for rows in blocks for r in rows.values())
 
 
-def row_cells(rows: dict[tuple[str, int], dict]) -> list[list[str]]:
-    """Each row's name and :data:`COLUMNS` cells (see :func:`table`)."""
+def row_cells(rows: dict[tuple[str, int], dict], rounds: bool = False) -> list[list[str]]:
+    """Each row's name and :data:`COLUMNS` cells (see :func:`table`), and with ``rounds`` its img/s in each round
+    (its one run's where it has one: a failed round stopped the others)."""
     out = []
     for (variant, gpus), r in rows.items():
         base, synthetic, one = rows.get(("raw", gpus)), synthetic_row(rows, variant, gpus), rows.get((variant, 1))
@@ -879,7 +899,7 @@ def row_cells(rows: dict[tuple[str, int], dict]) -> list[list[str]]:
                 "-" if device is None else f"{device:.2f}",
                 device_ratio,
             ]
-            + ([" / ".join(f"{x:,.0f}" for x in r["rounds_img_s"])] if "rounds_img_s" in r else [])
+            + ([" / ".join(f"{x:,.0f}" for x in r.get("rounds_img_s", [r["img_s"]]))] if rounds else [])
         )
     return out
 

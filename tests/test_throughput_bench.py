@@ -812,3 +812,53 @@ def test_bad_rounds_are_refused(throughput, capsys, argv: list, message: str) ->
     with pytest.raises(SystemExit):
         throughput.parse(argv)
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_rounds_run_an_option_variant_listed_before_its_base_on_one_gpu(throughput, monkeypatch) -> None:
+    calls = stub_children(monkeypatch)
+    throughput.main(["--gpus", "1,2", "--variants", "app_synthetic+bucket_view,app_synthetic", "--rounds", "2"])
+    one_gpu = [child(cmd) for cmd, env in calls if env["BENCH_GPUS"] == "1"]
+    assert one_gpu == ["app_synthetic+bucket_view", "app_synthetic", "app_synthetic", "app_synthetic+bucket_view"]
+
+
+def test_matrix_with_rounds_gives_each_configuration_its_medians_and_the_rounds_column(
+    throughput, monkeypatch, capsys
+) -> None:
+    rates = iter([5000.0, 6000.0, 5500.0, 6500.0, 7000.0, 6000.0, 8000.0, 7500.0, 7000.0, 7200.0, 7100.0, 7300.0])
+    calls = stub_children(monkeypatch, lambda cmd, env: next(rates))
+    throughput.main(["--matrix", "fp16:eager,bf16:eager", "--variants", "raw,app_synthetic", "--rounds", "3"])
+    assert len(calls) == 12 and not any("--rounds" in cmd for cmd, _ in calls)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    header, separator, *body = ([c.strip() for c in line.strip("|").split("|")] for line in lines)
+    assert header[-1] == "img/s each round" and len(separator) == len(header)
+    cells = {(c[0], c[1]): dict(zip(header, c, strict=True)) for c in body}
+    # fp16: raw ran 5,000 (round 1), 6,500 (round 2, second), 7,000 (round 3, first); app_synthetic 6,000, 5,500, 6,000.
+    assert cells["fp16 eager", "raw"]["img/s each round"] == "5,000 / 6,500 / 7,000"
+    assert cells["fp16 eager", "raw"]["img/s"] == "6,500"
+    assert cells["fp16 eager", "app_synthetic"]["img/s"] == "6,000"
+    assert cells["bf16 eager", "raw"]["img/s each round"] == "8,000 / 7,200 / 7,100"
+    assert cells["bf16 eager", "app_synthetic"]["vs raw"] == f"{7300 / 7200:.3f}"
+
+
+def test_a_run_failing_in_a_later_round_still_prints_the_rounds_that_finished(throughput, monkeypatch, capsys) -> None:
+    runs = {"n": 0}
+
+    def fake_run(cmd, stdout, stderr, text, env):  # noqa: ANN001
+        runs["n"] += 1
+        if runs["n"] == 4:  # round 2's second run: raw
+            return SimpleNamespace(returncode=1, stdout="", stderr="")
+        result = {"img_s": 1000.0 * runs["n"], "ms_per_step": 1.0, "peak_mem_gib": 11.0}
+        return SimpleNamespace(returncode=0, stdout="RESULT " + json.dumps(result) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    with pytest.raises(SystemExit, match=r"variant raw on 1 GPU\(s\) \(round 2 of 3\) failed with exit code 1"):
+        throughput.main(["--variants", "raw,app_synthetic", "--rounds", "3"])
+    out = capsys.readouterr().out
+    assert "The runs that finished:" in out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| raw") or
+            line.startswith("| app_synthetic")}  # fmt: skip
+    assert rows["raw"].startswith("| raw | 1 | 1,000 |") and rows["raw"].endswith("| 1,000 |")  # its one run
+    assert (
+        rows["app_synthetic"].startswith("| app_synthetic | 1 | 2,000 |")
+        and "| 2,000 / 3,000 |" in rows["app_synthetic"]
+    )
