@@ -390,6 +390,12 @@ class ImageNetDataModule(pl.LightningDataModule):
     def prepare_data(self) -> None:
         # Runs once per node (local rank 0) before the others set up, so the dataset is drawn exactly once.
         if self.source == "generated":
+            if not shapes_dataset.is_complete(self.root):
+                # Said, so that a mistyped data.root is seen at once, not found later as a stray dataset folder.
+                rank_zero_info(
+                    f"data.source generated: drawing the embedded shapes dataset into {self.root.absolute()} (first "
+                    "use; later runs with this data.root read it)"
+                )
             shapes_dataset.generate(self.root, seed=self.hparams.seed)
 
     @override

@@ -551,7 +551,9 @@ def test_hidden_folders_and_files_are_neither_classes_nor_samples(shapes_root: P
         assert sorted(set(images.targets)) == [0, 1]
 
 
-def test_generated_source_draws_the_dataset_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_generated_source_draws_the_dataset_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     import shapes_dataset
 
     calls = []
@@ -566,10 +568,18 @@ def test_generated_source_draws_the_dataset_once(tmp_path: Path, monkeypatch: py
     assert dm.num_classes == len(shapes_dataset.CLASSES)  # known before anything is drawn
     with pytest.raises(FileNotFoundError, match="no complete generated dataset"):
         dm.setup("fit")
-    dm.prepare_data()
+    with caplog.at_level(logging.INFO):
+        dm.prepare_data()
+    # Where it is drawn is said, with the whole path: a mistyped data.root shows at once.
+    said = f"drawing the embedded shapes dataset into {(tmp_path / 'shapes').absolute()} (first use"
+    assert said in caplog.text
     dm.setup("fit")
     assert calls == [3]
     assert len(dm.train_set) == 2 * NUM_CLASSES and dm.train_set.classes == list(shapes_dataset.CLASSES)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        dm.prepare_data()  # a finished dataset: read, not drawn, and nothing said
+    assert calls == [3, 3] and "drawing" not in caplog.text
 
 
 def test_a_finished_dataset_of_another_seed_is_kept_and_said(tmp_path: Path) -> None:
