@@ -113,9 +113,12 @@ def check_layout(root: str | os.PathLike) -> list[str]:
         folder = root / split
         if not folder.is_dir():
             what = "is a file, not a folder" if folder.exists() else "is missing"
+            hint = "(for an ImageNet val set that is flat, sort it into class folders first)"
+            if root.name in ("train", "val") and (root.parent / "train").is_dir() and (root.parent / "val").is_dir():
+                # The commonest path mistake: data.root given as the split folder itself.
+                hint = f"({root} looks like a split folder: data.root is the folder above it, {root.parent})"
             raise FileNotFoundError(
-                f"data.root: {folder} {what}; expected {root}/train/<class>/ and {root}/val/<class>/ "
-                "(for an ImageNet val set that is flat, sort it into class folders first)"
+                f"data.root: {folder} {what}; expected {root}/train/<class>/ and {root}/val/<class>/ {hint}"
             )
         names = class_folders(folder)
         if not names:

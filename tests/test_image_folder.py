@@ -35,6 +35,21 @@ def test_missing_split(tmp_path: Path, missing: str) -> None:
         check_layout(root)
 
 
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_split_folder_given_as_the_root_names_the_folder_above(tmp_path: Path, split: str) -> None:
+    for name in ("train", "val"):
+        (tmp_path / "data" / name / "a").mkdir(parents=True)
+    root = tmp_path / "data" / split
+    said = f"({root} looks like a split folder: data.root is the folder above it, {tmp_path / 'data'})"
+    with pytest.raises(FileNotFoundError, match=re.escape(said)):
+        check_layout(root)
+    # A folder merely named train, with no val beside it, gets the general hint.
+    lone = tmp_path / "other" / "train"
+    (lone / "a").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="for an ImageNet val set that is flat"):
+        check_layout(lone)
+
+
 def test_split_without_class_folders(tmp_path: Path) -> None:
     root = tmp_path / "data"
     (root / "train" / "a").mkdir(parents=True)
