@@ -539,7 +539,8 @@ class ProfilerWindow(Callback):
                 "cpu",
                 f"profile: the run is on {trainer.strategy.root_device.type}, not CUDA: cudaProfilerStart/Stop are "
                 "skipped (nsys --capture-range=cudaProfilerApi and ncu capture nothing); the NVTX ranges (a plain "
-                "`nsys profile`) and the Kineto trace (profile.torch_profiler) still work"
+                "`nsys profile`) and the Kineto trace (profile.torch_profiler) still work (without a GPU, Kineto's "
+                "own `gpuGetDeviceCount failed` line is harmless)"
                 + (f"; nothing records this window now{self._besides_report}" if uncaptured else ""),
             )
         if trainer.global_rank == 0 and nvtx_left_out:
