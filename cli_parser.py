@@ -50,7 +50,7 @@ class ReadableErrorsParser(LightningArgumentParser):
         message = _name_the_file_that_is_no_mapping(message, self._given or [], cwd)
         message = _union_in_one_line(message)
         hints = _suggestion(message, parser, self._given or [], cwd) + _precision_hint(message)
-        hints += _num_classes_hint(message)
+        hints += _num_classes_hint(message) + _apex_flag_hint(message)
         hints += _subcommand_first_hint(message) + _config_file_hint(message, self._given or [], cwd)
         super().error(message + hints + _empty_section_hint(message), ex)
 
@@ -104,6 +104,27 @@ def _num_classes_hint(message: str) -> str:
     return (
         " (data.num_classes is no option: it is the number of class folders under data.root, or "
         "data.synthetic_num_classes with data.source: synthetic)"
+    )
+
+
+def _apex_flag_hint(message: str) -> str:
+    """An unrecognized argument that is a flag of apex's main_amp.py (``--prof``, ``--opt-level``, ``-e``; also an
+    unambiguous prefix such as ``--b``): say why it was not translated, and where train.py's own keys are listed."""
+    found = _UNRECOGNIZED.search(message)
+    if found is None:
+        return ""
+    import apex_compat  # here, not at the top: apex_compat imports this module
+
+    name = found.group(1).split("=", 1)[0]
+    long_options, short_options = apex_compat._option_strings()
+    if name in ("-h", "--help") or not (
+        any(option.startswith(name) for option in long_options) if name.startswith("--") else name in short_options
+    ):
+        return ""
+    return (
+        f"; {name} is a flag of apex main_amp.py: train.py translates main_amp.py's flags only on a command line that "
+        f"starts with one of them or with the data folder (python train.py DIR {name} ...), not after --config or a "
+        "subcommand; there give train.py's own keys (README, \"From apex main_amp.py\", gives the key for each flag)"
     )
 
 

@@ -45,6 +45,28 @@ def test_a_mistyped_option_is_one_line_with_the_option_meant(typo, meant, capsys
     assert "train.py fit --help" in err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["--config", QUICKSTART, "--prof", "20"], ["fit", "--config", QUICKSTART, "--opt-level", "O1"],
+     ["validate", "--config", QUICKSTART, "-e"], ["--config", QUICKSTART, "--b", "224"]],
+)  # fmt: skip
+def test_a_main_amp_flag_after_the_config_says_why_it_was_not_translated(argv, capsys, monkeypatch) -> None:
+    flag = argv[3] if argv[0] != "--config" else argv[2]
+    err = error_of(argv, capsys, monkeypatch).splitlines()[-1]
+    assert err.startswith(f"error: unrecognized arguments: {flag}")
+    assert err.endswith(
+        f"; {flag} is a flag of apex main_amp.py: train.py translates main_amp.py's flags only on a command line that "
+        f"starts with one of them or with the data folder (python train.py DIR {flag} ...), not after --config or a "
+        'subcommand; there give train.py\'s own keys (README, "From apex main_amp.py", gives the key for each flag)'
+    )
+
+
+def test_an_unknown_option_that_is_no_main_amp_flag_gets_no_such_hint(capsys, monkeypatch) -> None:
+    for option in ("--trainer.devces", "--nonsense", "-z"):
+        err = error_of(["--config", QUICKSTART, option, "2"], capsys, monkeypatch)
+        assert "main_amp" not in err.splitlines()[-1]
+
+
 def test_a_subcommand_after_the_options_is_told_to_come_first(capsys, monkeypatch) -> None:
     err = error_of(["--config", QUICKSTART, "validate", "--ckpt_path", "x.ckpt"], capsys, monkeypatch)
     assert err.splitlines()[-1] == (
