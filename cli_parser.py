@@ -124,7 +124,7 @@ def _apex_flag_hint(message: str) -> str:
     return (
         f"; {name} is a flag of apex main_amp.py: train.py translates main_amp.py's flags only on a command line that "
         f"starts with one of them or with the data folder (python train.py DIR {name} ...), not after --config or a "
-        "subcommand; there give train.py's own keys (README, \"From apex main_amp.py\", gives the key for each flag)"
+        'subcommand; there give train.py\'s own keys (README, "From apex main_amp.py", gives the key for each flag)'
     )
 
 
