@@ -9,7 +9,12 @@ function: calls, wall and CPU milliseconds per call (inclusive: ``decode_batch``
 wall seconds. Under ``data.decode: gpu`` the producer thread (``DevicePrefetcher``) decodes every batch; when the
 main thread's ``queue.Queue.get`` (its wait for the next batch) takes about a step, that thread sets the pace, and
 its rows say on what. Wall well above CPU means the thread waited (for the GIL, a lock, the loader's workers);
-CPU near wall means it worked, or spun: a CUDA synchronization spins on a CPU core by default.
+CPU near wall means it worked, or spun: a CUDA synchronization spins on a CPU core by default. The producer's
+``queue.Queue.put`` row is its wait to hand a batch over (the consumer behind, the queue full: then the producer is
+not the limit), and its span row (first timed call to last, per batch) against its top rows (the loader's next
+batch, the whole batch, the hand-over) shows how much of each batch no timed call holds. On an H200, fp16 eager
+ResNet-50 with the split at 0.5 left about 9.5 ms a batch unexplained by wall minus CPU time (bench/RESULTS.md,
+thirty-fifth session; before these two rows).
 
 On an H200, ResNet-50 compiled with ``reduce-overhead`` and half the 300-500 px JPEGs decoded by nvJPEG, the
 producer took 55-67 ms a batch where the model's step on synthetic data takes 38 ms, 35-38 ms of it CPU time inside
@@ -70,7 +75,12 @@ ROOT = Path(__file__).resolve().parent.parent
 #: (thread name, thread ident, function) -> [calls, wall s, CPU s]; two producers (training and validation) share a
 #: name, so the ident keeps them apart.
 STATS: dict[tuple[str, int, str], list] = defaultdict(lambda: [0, 0.0, 0.0])
+#: (thread name, thread ident) -> [the first timed call's start, the last timed call's end], perf_counter seconds.
+SPANS: dict[tuple[str, int], list] = {}
 _LOCK = threading.Lock()
+#: The row of a thread's span, and the row its per-batch figure divides by (a producer's whole batch).
+SPAN_LABEL = "(span: its first timed call's start to its last one's end)"
+BATCH_LABEL = "_to_device (the whole batch)"
 
 
 def timed(owner: object, attr: str, label: str) -> None:
@@ -80,17 +90,21 @@ def timed(owner: object, attr: str, label: str) -> None:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        wall, cpu = time.perf_counter(), time.thread_time()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
-            wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+            end = time.perf_counter()
+            wall, cpu = end - start, time.thread_time() - cpu
             thread = threading.current_thread()
+            key = (thread.name, thread.ident or 0)
             with _LOCK:
-                row = STATS[thread.name, thread.ident or 0, label]
+                row = STATS[(*key, label)]
                 row[0] += 1
                 row[1] += wall
                 row[2] += cpu
+                span = SPANS.setdefault(key, [start, end])
+                span[0], span[1] = min(span[0], start), max(span[1], end)
 
     setattr(owner, attr, wrapper)
 
@@ -115,7 +129,9 @@ def instrument(
 
     timed(dataloader._MultiProcessingDataLoaderIter, "__next__", "loader next (workers' batch)")
     timed(queue.Queue, "get", "queue.Queue.get (on MainThread: its wait for the producer)")
-    timed(prefetcher.DevicePrefetcher, "_to_device", "_to_device (the whole batch)")
+    # The producer's hand-over (producer_threads.ordered_map): a full queue, the consumer behind, shows as its wall.
+    timed(queue.Queue, "put", "queue.Queue.put (on the producer: its wait for the consumer)")
+    timed(prefetcher.DevicePrefetcher, "_to_device", BATCH_LABEL)
     timed(prefetcher, "normalize", "normalize")
     for name in ("decode_batch", "_decode", "_crop_resize", "_staged"):
         timed(gpu_decode, name, name)
@@ -223,9 +239,13 @@ def gil_summary(late: list[float], baseline: list[float], interval: float, after
     ]
 
 
-def table(stats: dict[tuple[str, int, str], list], seconds: float) -> list[str]:
+def table(
+    stats: dict[tuple[str, int, str], list], seconds: float, spans: dict[tuple[str, int], list] | None = None
+) -> list[str]:
     """The Markdown table of ``stats``, the longest total wall time first. Threads that share a name are told apart
-    as ``name#2``, ``name#3``, ... in the order they first appear."""
+    as ``name#2``, ``name#3``, ... in the order they first appear. With ``spans``, each thread that made batches
+    (:data:`BATCH_LABEL`) gets a row of its span too (:data:`SPAN_LABEL`, per batch): the time its top rows (the
+    loader's next batch, the whole batch, the hand-over) leave out of it is time none of the timed calls held."""
     lines = [
         f"producer timing over {seconds:.1f} s of the process (inclusive times per call)",
         "| thread | function | calls | wall ms/call | CPU ms/call | wall s |",
@@ -236,13 +256,25 @@ def table(stats: dict[tuple[str, int, str], list], seconds: float) -> list[str]:
         idents.setdefault(name, [])
         if ident not in idents[name]:
             idents[name].append(ident)
-    for (name, ident, label), (calls, wall, cpu) in sorted(stats.items(), key=lambda kv: -kv[1][1]):
+    rows: list[tuple[float, str]] = []
+    for (name, ident, label), (calls, wall, cpu) in stats.items():
         k = idents[name].index(ident)
         thread = name if k == 0 else f"{name}#{k + 1}"
-        lines.append(
-            f"| {thread} | {label} | {calls} | {wall / calls * 1e3:.2f} | {cpu / calls * 1e3:.2f} | {wall:.2f} |"
+        rows.append(
+            (
+                wall,
+                f"| {thread} | {label} | {calls} | {wall / calls * 1e3:.2f} | {cpu / calls * 1e3:.2f} | {wall:.2f} |",
+            )
         )
-    return lines
+    for (name, ident), (first, last) in (spans or {}).items():
+        batches = stats.get((name, ident, BATCH_LABEL), [0])[0]
+        if not batches:  # only a thread that made batches: another's span (the training thread's run) says nothing
+            continue
+        k = idents[name].index(ident)
+        thread = name if k == 0 else f"{name}#{k + 1}"
+        span = last - first
+        rows.append((span, f"| {thread} | {SPAN_LABEL} | {batches} | {span / batches * 1e3:.2f} | - | {span:.2f} |"))
+    return lines + [line for _, line in sorted(rows, key=lambda row: -row[0])]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -299,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
 
     def report() -> None:
-        lines = table(STATS, time.perf_counter() - start)
+        lines = table(STATS, time.perf_counter() - start, SPANS)
         if probe is not None:
             lines += ["", *gil_summary(probe.late, baseline or [], probe.interval, probe.after)]
         print("\n".join(lines), flush=True)

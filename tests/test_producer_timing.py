@@ -75,6 +75,38 @@ def test_times_each_step_of_a_real_split_run_per_thread(split_script) -> None:
     # Inclusive times: the whole batch holds its decode.
     assert float(timing["MainThread", "_to_device (the whole batch)"][3]) >= float(timing["MainThread", "_decode"][3])
     assert "producer timing over" in result.stdout
+    # The thread's span, per batch: at least its whole batches' time.
+    calls, per_batch, _, span = timing["MainThread", "(span: its first timed call's start to its last one's end)"]
+    whole = timing["MainThread", "_to_device (the whole batch)"]
+    assert int(calls) == batches and float(per_batch) >= float(whole[1]) and float(span) >= float(whole[3])
+
+
+HANDOVER = """
+import time
+import torch
+from prefetcher import DevicePrefetcher
+from producer_threads import ordered_map
+batches = [(torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64)) for _ in range(6)]
+prefetcher = DevicePrefetcher(batches, "cpu")
+for _ in ordered_map(batches, lambda k, batch: prefetcher._to_device(batch), 1, name="DevicePrefetcher"):
+    time.sleep(0.1)  # a slow consumer: the producer waits on its full queue
+print("DONE", flush=True)
+"""
+
+
+def test_the_producer_s_wait_for_the_consumer_and_its_span_are_rows(tmp_path) -> None:
+    script = tmp_path / "handover.py"
+    script.write_text(HANDOVER)
+    result = run("--", str(script))
+    assert result.returncode == 0 and "DONE" in result.stdout, result.stderr[-3000:]
+    timing = rows(result.stdout)
+    put = timing["DevicePrefetcher", "queue.Queue.put (on the producer: its wait for the consumer)"]
+    # Six batches, a queue of one and 0.1 s a batch for the consumer: the producer waited about 0.3 s or more.
+    assert float(put[3]) >= 0.2
+    calls, per_batch, _, span = timing["DevicePrefetcher", "(span: its first timed call's start to its last one's end)"]
+    assert int(calls) == 6 and float(span) >= float(put[3]) and float(per_batch) >= 30
+    # The consumer's own thread made no batches: no span row for it.
+    assert not [key for key in timing if key[0] == "MainThread" and key[1].startswith("(span")]
 
 
 def test_sync_release_frees_a_cuda_batchs_buffer_on_the_calling_thread(tmp_path) -> None:
