@@ -37,6 +37,12 @@ VMs) and then, after a grace period, SIGKILL; a person at a terminal presses Ctr
    step boundary of the next epoch, or ends with status 0 if that epoch was its last. It costs the grace period a
    validation, the epoch-end saves and one step.
 
+**Before the first optimizer step** (a signal during start-up, the sanity check or the first accumulation window) a
+single process stops at the next batch's start, a sanity-check batch too, and saves nothing: nothing has trained, and
+a resumed run's checkpoint still holds it all, while the sanity check and a first step with its compile could outlast
+a scheduler's grace period. Under DDP the ranks agree on a stop only at step boundaries, so there the first step runs
+and is saved like any other.
+
 **Exit status: 128 + signal number** (143 for SIGTERM, 130 for SIGINT), the shell convention for "ended by this
 signal", rather than 0. A preempted run has not finished, and whatever supervises it must be able to tell: a
 Kubernetes Job counts exit 0 as success and never reruns it (a ``podFailurePolicy`` can match 143 instead); a SLURM
@@ -178,6 +184,7 @@ class PreemptionHandler(Callback):
         self._owns_sigterm = False  # whether Lightning's SIGTERM notifier calls our handler instead
         self._stop_at_next_step = 0  # a signal agreed on at an epoch's last step: the stop waits for the epoch's end
         self._exit_pending = False  # saved and stopped: PreemptedExit once Lightning has logged the step
+        self._stepped = False  # this fit has taken an optimizer step (before one, one process stops unsaved)
         self._timer: Timer | None = None  # Lightning's max_time timer, whose per-step broadcast this replaces (DDP)
         self._time_is_up = False  # this rank's timer ran out (the ranks agree on it with the signal flag)
 
@@ -222,7 +229,7 @@ class PreemptionHandler(Callback):
             return
         self.exit_code = self.stopped_at_step = self.checkpoint_path = None
         self._signum, self._announced, self._pending, self._step_before_batch = 0, False, None, None
-        self._stop_at_next_step, self._exit_pending = 0, False
+        self._stop_at_next_step, self._exit_pending, self._stepped = 0, False, False
         self._timer, self._time_is_up = None, False  # an earlier fit's max_time ran out: not this one's
         if threading.current_thread() is not threading.main_thread():
             rank_zero_warn("PreemptionHandler: fit does not run in the main thread, where signals are handled")
@@ -296,11 +303,40 @@ class PreemptionHandler(Callback):
         )
 
     @override
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if trainer.sanity_checking:
+            self._stop_before_training(trainer)
+
+    @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._stop_before_training(trainer)
         self._exit_if_stopped()
         self._step_before_batch = trainer.global_step
+
+    def _stop_before_training(self, trainer: pl.Trainer) -> None:
+        """A signal before this fit's first optimizer step, on one process: stop now, saving nothing. Nothing has
+        trained since the start (a resumed run's checkpoint still holds it all), and the sanity check and a first step
+        (minutes with a first compile) would only delay the stop past a scheduler's grace period. Under DDP the ranks
+        agree on a stop only at step boundaries, so there the first step runs and is saved."""
+        if not self._signum or self._stepped or self._exit_pending or trainer.world_size > 1:
+            return
+        name = signal.Signals(self._signum).name
+        print(
+            rank_prefixed_message(
+                f"received {name} before the first training step: nothing trained in this run, nothing saved; "
+                f"stopping (exit status {128 + self._signum})",
+                trainer.global_rank,
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
+        self._announced = True
+        self.exit_code = 128 + self._signum
+        raise PreemptedExit(self.exit_code)
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -315,6 +351,7 @@ class PreemptionHandler(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
+        self._stepped = self._stepped or step != self._step_before_batch
         if step == self._step_before_batch:
             # Still accumulating gradients: not an optimizer-step boundary. Judged by this batch alone (not by the
             # last batch end seen), so the first micro-batch after a start or a resume does not count as one either:

@@ -314,17 +314,53 @@ class SignalBeforeTheFirstBatchEnds(Callback):
             os.kill(os.getpid(), self.signum)
 
 
-def test_a_signal_before_the_first_micro_batch_ends_stops_at_the_first_optimizer_step(tmp_path: Path) -> None:
+def test_a_signal_before_the_first_optimizer_step_stops_one_process_at_once_unsaved(tmp_path: Path) -> None:
+    # A signal inside the first window of three micro-batches: no optimizer step has run, so nothing is saved (no
+    # checkpoint inside an accumulated step either) and the run stops at the next micro-batch's start.
+    original = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     handler = PreemptionHandler()
     trainer = tiny_trainer(
         tmp_path, [handler, SignalBeforeTheFirstBatchEnds(signal.SIGTERM)], accumulate_grad_batches=3
     )
-    with pytest.raises(PreemptedExit):
+    with pytest.raises(PreemptedExit) as stopped:
         trainer.fit(Tiny())
-    saved = load(tmp_path / "checkpoints" / "last.ckpt")
-    # The end of the first window of three micro-batches, where step 1 is done (not after micro-batch 1, at step 0).
-    assert saved["global_step"] == handler.stopped_at_step == 1
-    assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["processed"] == 3
+    assert stopped.value.code == 128 + signal.SIGTERM == handler.exit_code
+    assert trainer.global_step == 0 and handler.stopped_at_step is None
+    assert trainer.fit_loop.epoch_loop.batch_progress.total.completed == 1
+    assert not (tmp_path / "checkpoints").exists()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == original
+
+
+class SignalDuringTheSanityCheck(Callback):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.sent = False
+        self.sanity_batches = self.trained_batches = 0
+
+    def on_validation_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.sanity_batches += trainer.sanity_checking
+        if trainer.sanity_checking and not self.sent:  # the sanity check's first batch
+            self.sent = True
+            os.kill(os.getpid(), self.signum)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.trained_batches += 1
+
+
+def test_ctrl_c_during_the_sanity_check_stops_before_any_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    handler = PreemptionHandler()
+    sender = SignalDuringTheSanityCheck(signal.SIGINT)
+    trainer = tiny_trainer(tmp_path, [handler, sender], num_sanity_val_steps=2, enable_checkpointing=True)
+    with pytest.raises(PreemptedExit) as stopped:
+        trainer.fit(TinyWithValidation())
+    assert stopped.value.code == 130
+    # The handler (listed first) stopped the run at the sanity check's second batch, before that batch ran.
+    assert sender.sanity_batches == 1 and sender.trained_batches == 0 and trainer.global_step == 0
+    assert not list(tmp_path.rglob("*.ckpt"))
+    said = capsys.readouterr().err
+    assert "received SIGINT before the first training step: nothing trained in this run, nothing saved" in said
 
 
 def test_run_without_signal_finishes_normally_and_restores_everything(tmp_path: Path) -> None:
