@@ -13,8 +13,8 @@ CPU near wall means it worked, or spun: a CUDA synchronization spins on a CPU co
 ``queue.Queue.put`` row is its wait to hand a batch over (the consumer behind, the queue full: then the producer is
 not the limit), and its span row (first timed call to last, per batch) against its top rows (the loader's next
 batch, the whole batch, the hand-over) shows how much of each batch no timed call holds. On an H200, fp16 eager
-ResNet-50 with the split at 0.5 left about 9.5 ms a batch unexplained by wall minus CPU time (bench/RESULTS.md,
-thirty-fifth session; before these two rows).
+ResNet-50 with the split at 0.5 left about 9.5 ms of each batch's wall time that was neither the producer's CPU time
+nor its wait for the workers (bench/RESULTS.md, thirty-fifth session, measured before these two rows).
 
 On an H200, ResNet-50 compiled with ``reduce-overhead`` and half the 300-500 px JPEGs decoded by nvJPEG, the
 producer took 55-67 ms a batch where the model's step on synthetic data takes 38 ms, 35-38 ms of it CPU time inside
