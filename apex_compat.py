@@ -218,10 +218,17 @@ def is_apex_command_line(argv: Sequence[str]) -> bool:
         return False
     if not first.startswith("-"):
         return True  # the positional DIR
+    return is_original_flag(first)
+
+
+def is_original_flag(word: str) -> bool:
+    """Whether ``word`` is one of main_amp.py's flags as its parser takes them: a long one or an unambiguous prefix of
+    one (``--b``), with or without ``=VALUE``, or a short one, also with its value attached (``-j4``)."""
     long_options, short_options = _option_strings()
-    if name.startswith("--"):
+    if word.startswith("--"):
+        name = word.split("=", 1)[0]
         return any(option.startswith(name) for option in long_options)
-    return any(first.startswith(option) for option in short_options)
+    return any(word.startswith(option) for option in short_options)
 
 
 def unknown_first_word(argv: Sequence[str]) -> str | None:

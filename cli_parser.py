@@ -116,10 +116,7 @@ def _apex_flag_hint(message: str) -> str:
     import apex_compat  # here, not at the top: apex_compat imports this module
 
     name = found.group(1).split("=", 1)[0]
-    long_options, short_options = apex_compat._option_strings()
-    if name in ("-h", "--help") or not (
-        any(option.startswith(name) for option in long_options) if name.startswith("--") else name in short_options
-    ):
+    if name in ("-h", "--help") or not apex_compat.is_original_flag(name):
         return ""
     return (
         f"; {name} is a flag of apex main_amp.py: train.py translates main_amp.py's flags only on a command line that "
