@@ -256,10 +256,14 @@ def table(
         idents.setdefault(name, [])
         if ident not in idents[name]:
             idents[name].append(ident)
+
+    def thread_of(name: str, ident: int) -> str:
+        k = idents[name].index(ident)
+        return name if k == 0 else f"{name}#{k + 1}"
+
     rows: list[tuple[float, str]] = []
     for (name, ident, label), (calls, wall, cpu) in stats.items():
-        k = idents[name].index(ident)
-        thread = name if k == 0 else f"{name}#{k + 1}"
+        thread = thread_of(name, ident)
         rows.append(
             (
                 wall,
@@ -270,9 +274,7 @@ def table(
         batches = stats.get((name, ident, BATCH_LABEL), [0])[0]
         if not batches:  # only a thread that made batches: another's span (the training thread's run) says nothing
             continue
-        k = idents[name].index(ident)
-        thread = name if k == 0 else f"{name}#{k + 1}"
-        span = last - first
+        span, thread = last - first, thread_of(name, ident)
         rows.append((span, f"| {thread} | {SPAN_LABEL} | {batches} | {span / batches * 1e3:.2f} | - | {span:.2f} |"))
     return lines + [line for _, line in sorted(rows, key=lambda row: -row[0])]
 

@@ -317,6 +317,13 @@ class PreemptionHandler(Callback):
         self._exit_if_stopped()
         self._step_before_batch = trainer.global_step
 
+    def _announce(self, trainer: pl.Trainer, what: str) -> None:
+        """``received SIGNAL<what>`` on stderr with the rank, once. Printed from a hook, not in the handler: a handler
+        that writes to a stream it interrupted can fail."""
+        self._announced = True
+        message = f"received {signal.Signals(self._signum).name}{what}"
+        print(rank_prefixed_message(message, trainer.global_rank), file=sys.stderr, flush=True)
+
     def _stop_before_training(self, trainer: pl.Trainer) -> None:
         """A signal before this fit's first optimizer step, on one process: stop now, saving nothing. Nothing has
         trained since the start (a resumed run's checkpoint still holds it all), and the sanity check and a first step
@@ -324,17 +331,11 @@ class PreemptionHandler(Callback):
         agree on a stop only at step boundaries, so there the first step runs and is saved."""
         if not self._signum or self._stepped or self._exit_pending or trainer.world_size > 1:
             return
-        name = signal.Signals(self._signum).name
-        print(
-            rank_prefixed_message(
-                f"received {name} before the first training step: nothing trained in this run, nothing saved; "
-                f"stopping (exit status {128 + self._signum})",
-                trainer.global_rank,
-            ),
-            file=sys.stderr,
-            flush=True,
+        self._announce(
+            trainer,
+            " before the first training step: nothing trained in this run, nothing saved; stopping (exit status "
+            f"{128 + self._signum})",
         )
-        self._announced = True
         self.exit_code = 128 + self._signum
         raise PreemptedExit(self.exit_code)
 
@@ -358,13 +359,7 @@ class PreemptionHandler(Callback):
             # a checkpoint there would lose its gradient.
             return
         if self._signum and not self._announced:
-            self._announced = True
-            # Printed here, not in the handler: a handler that writes to a stream it interrupted can fail.
-            message = (
-                f"received {signal.Signals(self._signum).name}: saving a checkpoint and stopping at a step boundary "
-                "all ranks agree on"
-            )
-            print(rank_prefixed_message(message, trainer.global_rank), file=sys.stderr, flush=True)
+            self._announce(trainer, ": saving a checkpoint and stopping at a step boundary all ranks agree on")
         if self._exit_pending:
             return
         if self._stop_at_next_step:
