@@ -1,20 +1,20 @@
 """Where the prefetcher's producer thread spends its time: wall and CPU time per call of each step, per thread.
 
-    python bench/producer_timing.py [--switch-ms MS] [--sync-release] [--gil-probe [--gil-probe-after S]] \
+    python bench/producer_timing.py [--switch-ms MS] [--sync-release] [--gil-probe [--gil-probe-after S]] [--nvtx] \
         -- SCRIPT [ARGS ...]
 
 Runs the Python script SCRIPT (e.g. ``bench/throughput.py ... --child app_folder_gpu_tv@0.5:reduce-overhead``, one
 variant in this process) with the input path's functions wrapped, and at exit prints one Markdown row per thread and
-function: calls, wall and CPU milliseconds per call (inclusive: ``decode_batch`` holds ``_decode``), and the total
-wall seconds. Under ``data.decode: gpu`` the producer thread (``DevicePrefetcher``) decodes every batch; when the
-main thread's ``queue.Queue.get`` (its wait for the next batch) takes about a step, that thread sets the pace, and
-its rows say on what. Wall well above CPU means the thread waited (for the GIL, a lock, the loader's workers);
-CPU near wall means it worked, or spun: a CUDA synchronization spins on a CPU core by default. The producer's
-``queue.Queue.put`` row is its wait to hand a batch over (the consumer behind, the queue full: then the producer is
-not the limit), and its span row (first timed call to last, per batch) against its top rows (the loader's next
-batch, the whole batch, the hand-over) shows how much of each batch no timed call holds. On an H200, fp16 eager
-ResNet-50 with the split at 0.5 left about 9.5 ms of each batch's wall time that was neither the producer's CPU time
-nor its wait for the workers (bench/RESULTS.md, thirty-fifth session, measured before these two rows).
+function: calls, wall and CPU milliseconds per call (inclusive: ``decode_batch`` holds ``_decode``), the total wall
+seconds, and the first and the longest call's wall milliseconds. Under ``data.decode: gpu`` the producer thread
+(``DevicePrefetcher``) decodes every batch; when the main thread's ``queue.Queue.get`` (its wait for the next batch)
+takes about a step, that thread sets the pace, and its rows say on what. Wall well above CPU means the thread waited
+(for the GIL, a lock, the loader's workers); CPU near wall means it worked, or spun: a CUDA synchronization spins on a
+CPU core by default. The producer's ``queue.Queue.put`` row is its wait to hand a batch over (the consumer behind, the
+queue full: then the producer is not the limit), and its span row (first timed call to last, per batch) against its
+top rows (the loader's next batch, the whole batch, the hand-over) shows how much of each batch no timed call holds.
+The first call of a row is apart because the main thread's first wait for a batch covers the loader's start (its
+workers, the first decode): a mean well above ``(wall s - first) / (calls - 1)`` is that start, not the steady state.
 
 On an H200, ResNet-50 compiled with ``reduce-overhead`` and half the 300-500 px JPEGs decoded by nvJPEG, the
 producer took 55-67 ms a batch where the model's step on synthetic data takes 38 ms, 35-38 ms of it CPU time inside
@@ -46,6 +46,10 @@ Options:
     --gil-probe-after S
                       start probing S seconds in: the start-up (imports, building the model) holds the GIL for long
                       stretches of its own, so give the seconds before the timed steps to see the training alone.
+    --nvtx            each timed call is also an NVTX range named as its row, on its own thread: under
+                      ``nsys profile -t cuda,nvtx,osrt``, ``bench/nsys_api_by_range.py --same-thread --every-api``
+                      then says which CUDA calls (and how long each took) every step of the producer made. The wall
+                      time a row has beyond its CPU time is a wait; the trace names what the thread waited in.
 
 The rows ``torch.cuda.Event.synchronize`` and ``torch.cuda.Stream.synchronize`` are the thread's waits for the device
 (in ``_DecodeStream.decode``: for the previous batch's crops to be read before their memory is reused); ``torchvision
@@ -70,11 +74,13 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+import nvtx
+
 ROOT = Path(__file__).resolve().parent.parent
 
-#: (thread name, thread ident, function) -> [calls, wall s, CPU s]; two producers (training and validation) share a
-#: name, so the ident keeps them apart.
-STATS: dict[tuple[str, int, str], list] = defaultdict(lambda: [0, 0.0, 0.0])
+#: (thread name, thread ident, function) -> [calls, wall s, CPU s, first call's wall s, longest call's wall s]; two
+#: producers (training and validation) share a name, so the ident keeps them apart.
+STATS: dict[tuple[str, int, str], list] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
 #: (thread name, thread ident) -> [the first timed call's start, the last timed call's end], perf_counter seconds.
 SPANS: dict[tuple[str, int], list] = {}
 _LOCK = threading.Lock()
@@ -83,26 +89,38 @@ SPAN_LABEL = "(span: its first timed call's start to its last one's end)"
 BATCH_LABEL = "_to_device (the whole batch)"
 
 
+#: Set by ``--nvtx``: each timed call is also an NVTX range of its label (the ``nvtx`` package's default domain).
+NVTX_RANGES = False
+
+
 def timed(owner: object, attr: str, label: str) -> None:
     """Replaces ``owner.attr`` by a wrapper that adds each call's wall and thread CPU time to
-    ``STATS[thread name, thread ident, label]``."""
+    ``STATS[thread name, thread ident, label]`` (and, with :data:`NVTX_RANGES`, makes the call an NVTX range)."""
     fn: Callable = getattr(owner, attr)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        ranged = NVTX_RANGES
+        if ranged:
+            nvtx.push_range(label)
         start, cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
+            if ranged:
+                nvtx.pop_range()
             end = time.perf_counter()
             wall, cpu = end - start, time.thread_time() - cpu
             thread = threading.current_thread()
             key = (thread.name, thread.ident or 0)
             with _LOCK:
                 row = STATS[(*key, label)]
+                if not row[0]:
+                    row[3] = wall
                 row[0] += 1
                 row[1] += wall
                 row[2] += cpu
+                row[4] = max(row[4], wall)
                 span = SPANS.setdefault(key, [start, end])
                 span[0], span[1] = min(span[0], start), max(span[1], end)
 
@@ -248,8 +266,8 @@ def table(
     loader's next batch, the whole batch, the hand-over) leave out of it is time none of the timed calls held."""
     lines = [
         f"producer timing over {seconds:.1f} s of the process (inclusive times per call)",
-        "| thread | function | calls | wall ms/call | CPU ms/call | wall s |",
-        "|---|---|---|---|---|---|",
+        "| thread | function | calls | wall ms/call | CPU ms/call | wall s | first ms | longest ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     idents: dict[str, list[int]] = {}
     for name, ident, _ in stats:
@@ -262,20 +280,17 @@ def table(
         return name if k == 0 else f"{name}#{k + 1}"
 
     rows: list[tuple[float, str]] = []
-    for (name, ident, label), (calls, wall, cpu) in stats.items():
+    for (name, ident, label), (calls, wall, cpu, first, longest) in stats.items():
         thread = thread_of(name, ident)
-        rows.append(
-            (
-                wall,
-                f"| {thread} | {label} | {calls} | {wall / calls * 1e3:.2f} | {cpu / calls * 1e3:.2f} | {wall:.2f} |",
-            )
-        )
+        per_call = f"{wall / calls * 1e3:.2f} | {cpu / calls * 1e3:.2f} | {wall:.2f} | {first * 1e3:.2f}"
+        rows.append((wall, f"| {thread} | {label} | {calls} | {per_call} | {longest * 1e3:.2f} |"))
     for (name, ident), (first, last) in (spans or {}).items():
         batches = stats.get((name, ident, BATCH_LABEL), [0])[0]
         if not batches:  # only a thread that made batches: another's span (the training thread's run) says nothing
             continue
         span, thread = last - first, thread_of(name, ident)
-        rows.append((span, f"| {thread} | {SPAN_LABEL} | {batches} | {span / batches * 1e3:.2f} | - | {span:.2f} |"))
+        per_batch = span / batches * 1e3
+        rows.append((span, f"| {thread} | {SPAN_LABEL} | {batches} | {per_batch:.2f} | - | {span:.2f} | - | - |"))
     return lines + [line for _, line in sorted(rows, key=lambda row: -row[0])]
 
 
@@ -289,6 +304,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--gil-probe-after", type=float, metavar="S", help="start the GIL probe S seconds in (default at once)"
     )
+    p.add_argument("--nvtx", action="store_true", help="make each timed call an NVTX range too (for nsys)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS ...]")
     a = p.parse_args(argv)
     if a.command[:1] == ["--"]:
@@ -325,6 +341,8 @@ def main(argv: list[str] | None = None) -> None:
     a = parse(sys.argv[1:] if argv is None else argv)
     if a.switch_ms is not None:
         sys.setswitchinterval(a.switch_ms / 1000)
+    global NVTX_RANGES
+    NVTX_RANGES = a.nvtx
     instrument(a.sync_release, a.side_priority, a.decode_priority)
     probe = baseline = None
     if a.gil_probe:

@@ -67,8 +67,11 @@ def test_times_each_step_of_a_real_split_run_per_thread(split_script) -> None:
     assert batches == 8  # 30 files (10 classes x 3) in batches of 4
     # Every batch went through the decode and its steps, on the thread that consumed the loader (here the main one).
     for label in ("decode_batch", "_decode", "_crop_resize", "release_later", "_to_device (the whole batch)"):
-        calls, wall_ms, cpu_ms, _ = timing["MainThread", label]
+        calls, wall_ms, cpu_ms, _, first_ms, longest_ms = timing["MainThread", label]
         assert int(calls) == batches and float(wall_ms) > 0 and float(wall_ms) >= float(cpu_ms) - 0.05
+        # The first and the longest call: within the total, the longest at least the mean and the first.
+        assert float(wall_ms) - 0.01 <= float(longest_ms) <= float(wall_ms) * int(calls) + 0.01
+        assert float(first_ms) <= float(longest_ms)
     assert int(timing["MainThread", "loader next (workers' batch)"][0]) == batches + 1  # the last one ends it
     # nvJPEG's call by binding: on the CPU the split decodes its JPEGs with torchvision's decode_jpeg, once a batch.
     assert int(timing["MainThread", "torchvision decode_jpeg"][0]) == batches
@@ -76,9 +79,46 @@ def test_times_each_step_of_a_real_split_run_per_thread(split_script) -> None:
     assert float(timing["MainThread", "_to_device (the whole batch)"][3]) >= float(timing["MainThread", "_decode"][3])
     assert "producer timing over" in result.stdout
     # The thread's span, per batch: at least its whole batches' time.
-    calls, per_batch, _, span = timing["MainThread", "(span: its first timed call's start to its last one's end)"]
+    calls, per_batch, _, span, *_ = timing["MainThread", "(span: its first timed call's start to its last one's end)"]
     whole = timing["MainThread", "_to_device (the whole batch)"]
     assert int(calls) == batches and float(per_batch) >= float(whole[1]) and float(span) >= float(whole[3])
+
+
+# Runs the split script (argv: it, then its data folder) with the nvtx package's push and pop recorded per thread.
+NVTX_RECORDER = """
+import sys
+import threading
+import nvtx
+pushed, popped = [], []
+nvtx.push_range = lambda message=None, **_: pushed.append((threading.current_thread().name, message))
+nvtx.pop_range = lambda **_: popped.append(threading.current_thread().name)
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+exec(compile(open(script).read(), script, "exec"))
+print("RANGES", sorted(set(pushed)))
+print("PUSHED", len(pushed), "POPPED", len(popped))
+print("SAME THREADS", sorted(name for name, _ in pushed) == sorted(popped))
+"""
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_nvtx_makes_each_timed_call_a_range_on_its_thread(split_script, tmp_path, flag: bool) -> None:
+    script, root = split_script
+    recorder = tmp_path / "record_nvtx.py"
+    recorder.write_text(NVTX_RECORDER)
+    result = run(*(["--nvtx"] if flag else []), "--", str(recorder), str(script), str(root))
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranges = eval(result.stdout.split("RANGES")[1].splitlines()[0])  # noqa: S307 (the recorder's own repr)
+    pushed = int(result.stdout.split("PUSHED")[1].split()[0])
+    if not flag:
+        assert ranges == [] and pushed == 0
+        return
+    # One range per timed call, named as its row, on the thread that made the call, each one closed.
+    timing = rows(result.stdout)
+    assert pushed == sum(int(cells[0]) for key, cells in timing.items() if not key[1].startswith("(span"))
+    assert ranges == sorted({key[:2] for key in timing if not key[1].startswith("(span")})
+    assert ("MainThread", "_crop_resize") in ranges
+    assert f"POPPED {pushed}\nSAME THREADS True" in result.stdout
 
 
 HANDOVER = """
@@ -103,7 +143,8 @@ def test_the_producer_s_wait_for_the_consumer_and_its_span_are_rows(tmp_path) ->
     put = timing["DevicePrefetcher", "queue.Queue.put (on the producer: its wait for the consumer)"]
     # Six batches, a queue of one and 0.1 s a batch for the consumer: the producer waited about 0.3 s or more.
     assert float(put[3]) >= 0.2
-    calls, per_batch, _, span = timing["DevicePrefetcher", "(span: its first timed call's start to its last one's end)"]
+    span_row = timing["DevicePrefetcher", "(span: its first timed call's start to its last one's end)"]
+    calls, per_batch, _, span, *_ = span_row
     assert int(calls) == 6 and float(span) >= float(put[3]) and float(per_batch) >= 30
     # The consumer's own thread made no batches: no span row for it.
     assert not [key for key in timing if key[0] == "MainThread" and key[1].startswith("(span")]
@@ -139,14 +180,14 @@ def test_refuses_a_missing_script_or_a_bad_interval() -> None:
 def test_threads_that_share_a_name_get_rows_of_their_own(bench_script) -> None:
     producer_timing = bench_script("producer_timing")
     stats = {
-        ("DevicePrefetcher", 11, "decode_batch"): [2, 0.2, 0.1],
-        ("DevicePrefetcher", 22, "decode_batch"): [1, 0.05, 0.05],
-        ("MainThread", 1, "queue.Queue.get"): [3, 0.3, 0.0],
+        ("DevicePrefetcher", 11, "decode_batch"): [2, 0.2, 0.1, 0.15, 0.15],
+        ("DevicePrefetcher", 22, "decode_batch"): [1, 0.05, 0.05, 0.05, 0.05],
+        ("MainThread", 1, "queue.Queue.get"): [3, 0.3, 0.0, 0.28, 0.28],
     }
     lines = producer_timing.table(stats, 1.0)
-    assert lines[3] == "| MainThread | queue.Queue.get | 3 | 100.00 | 0.00 | 0.30 |"
-    assert lines[4] == "| DevicePrefetcher | decode_batch | 2 | 100.00 | 50.00 | 0.20 |"
-    assert lines[5] == "| DevicePrefetcher#2 | decode_batch | 1 | 50.00 | 50.00 | 0.05 |"
+    assert lines[3] == "| MainThread | queue.Queue.get | 3 | 100.00 | 0.00 | 0.30 | 280.00 | 280.00 |"
+    assert lines[4] == "| DevicePrefetcher | decode_batch | 2 | 100.00 | 50.00 | 0.20 | 150.00 | 150.00 |"
+    assert lines[5] == "| DevicePrefetcher#2 | decode_batch | 1 | 50.00 | 50.00 | 0.05 | 50.00 | 50.00 |"
 
 
 def test_sets_the_streams_priorities_and_refuses_a_shared_pool_or_a_value_out_of_range(tmp_path) -> None:
