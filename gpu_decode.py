@@ -125,7 +125,12 @@ def decode_batch(
     device = torch.device(device)
     if images.finished and images.size != size:
         raise ValueError(f"finished crops are {images.size}x{images.size}, expected {size}x{size}")
-    finished, samples = images.unpack()
+    # The whole buffer in page-locked memory, in one copy: the finished crops, the pixels and the JPEG bytes. nvJPEG
+    # copies each JPEG to the device itself, one cudaMemcpyAsync an image; from the worker's pageable buffer each of
+    # those had the driver stage the bytes while the call lasted, 36 us a JPEG on an H200 under fp16 eager training
+    # (130 a batch, 4.6 ms of the producer's time, holding up the other threads' launches meanwhile; nsys, bench/
+    # RESULTS.md, thirty-sixth session). _decode keeps these bytes alive until nvJPEG's copies have run.
+    finished, samples = images._replace(data=_staged(images.data, device)).unpack()
     shape = (images.finished + len(images.table), 3, size, size)
     out = torch.empty(shape, dtype=torch.float32, device=device, memory_format=memory_format)
     if images.finished:
@@ -275,7 +280,9 @@ def _decode(
             pool = _DecodeStream.of(device, lane)
             known = [samples[i].hardware_size for i in jpeg_index]
             decoded = pool.decode(data, device, nvjpeg, max(capacity, len(data)), known)
-            release = lambda: pool.park(decoded)  # noqa: E731
+            # The JPEG bytes too: nvJPEG's own copies read them on its stream, which PyTorch's page-locked allocator
+            # does not see (a staged buffer freed now could be handed to the next batch before those copies ran).
+            release = lambda: pool.park([*decoded, *data])  # noqa: E731
         else:
             decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
         for i, image in zip(jpeg_index, decoded, strict=True):
@@ -455,7 +462,7 @@ def _crop_resize(
         blocks.append(axes.reshape(len(members), 3, 2).transpose(1, 2, 0).reshape(-1))  # lengths, scales, shifts
     table_bytes = np.array(rows, dtype=np.int64).reshape(-1).view(np.uint8)
     packed = np.concatenate([table_bytes, *(block.view(np.uint8) for block in blocks)])
-    packed = torch.from_numpy(packed).to(device, non_blocking=True)
+    packed = _staged(torch.from_numpy(packed), device).to(device, non_blocking=True)  # page-locked, as the rest
     table = packed[: table_bytes.size].view(torch.int64).view(-1, 9)
     parameters = packed[table_bytes.size :].view(torch.float32)
 

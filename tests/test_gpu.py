@@ -293,6 +293,34 @@ def test_split_decode_copies_the_finished_crops_exactly_and_decodes_the_rest(tmp
     assert (gx[finished:].cpu() - cx[finished:]).abs().mean() < 5.0 / 57
 
 
+def _jpeg_batch(tmp_path: Path):
+    """A packed batch of 30 JPEGs (no finished crops)."""
+    from encoded_batch import EncodedSampleLoader, encoded_collate
+    from image_loading import load_rgb
+
+    root = shapes_dataset.generate(tmp_path / "shapes", train_per_class=3, val_per_class=1, image_size=120)
+    loader = EncodedSampleLoader(False, 96, 0.08, 110, load_rgb, read_headers=True)
+    return encoded_collate([(loader(str(p)), i) for i, p in enumerate(sorted(root.glob("train/*/*.JPEG")))])[0]
+
+
+def test_nvjpeg_reads_the_jpeg_bytes_from_page_locked_memory(tmp_path: Path):
+    """decode_batch stages the packed batch in page-locked memory, so nvJPEG's own copies of the JPEG bytes (one per
+    image) are DMA transfers, not pageable copies the driver stages while the call holds the thread; the crop table
+    goes the same way. Every host-to-device copy of the call is from page-locked memory."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpu_decode import decode_batch
+
+    decode_batch(_jpeg_batch(tmp_path / "warm-up"), "cuda", 96, nvjpeg="preallocated")  # the decoder made
+    batch = _jpeg_batch(tmp_path)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
+        decode_batch(batch, "cuda", 96, nvjpeg="preallocated")
+        torch.cuda.synchronize()
+    copies = [e.name for e in trace.events() if e.device_type == torch.autograd.DeviceType.CUDA and "HtoD" in e.name]
+    assert len(copies) >= 30, copies  # one per JPEG at least: nvJPEG's copies are in the trace
+    assert all("Pinned" in name for name in copies), sorted(set(copies))
+
+
 @pytest.mark.parametrize("cpu_decode_share", [0.0, 0.5])
 def test_gpu_decode_trains_with_files_nvjpeg_should_not_get(tmp_path: Path, cpu_decode_share: float):
     from PIL import Image

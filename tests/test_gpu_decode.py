@@ -379,6 +379,68 @@ def test_host_pixels_are_staged_only_for_a_cuda_device():
     assert _staged(host, torch.device("cpu")) is host  # the CPU path copies nothing
 
 
+def test_a_packed_batch_is_staged_whole_once_and_decoded_from_the_staged_copy(files, monkeypatch):
+    """On CUDA the whole buffer goes to page-locked memory in one copy, so that nvJPEG's per-image copies of the JPEG
+    bytes read page-locked memory too; here the staging copies on the CPU and the decode sees what it was given."""
+    import gpu_decode
+
+    staged, seen = [], []
+
+    def stage(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if any(host.untyped_storage().data_ptr() == copy.untyped_storage().data_ptr() for copy in staged):
+            return host  # already staged, as a page-locked tensor is used as it is
+        staged.append(host.clone())
+        return staged[-1]
+
+    def decode(samples, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.extend(samples)
+        return real(samples, *args, **kwargs)
+
+    real = gpu_decode.decode_crop_resize
+    monkeypatch.setattr(gpu_decode, "_staged", stage)
+    monkeypatch.setattr(gpu_decode, "decode_crop_resize", decode)
+    val_crop = transforms.Compose([transforms.Resize(73), transforms.CenterCrop(64)])
+    on_gpu = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb, read_headers=True)
+    on_cpu = EncodedSampleLoader(False, 64, 0.08, 73, load_rgb, cpu_share=1.0, cpu_transform=val_crop)
+    batch = [(on_gpu(str(files["jpeg"])), 0), (on_cpu(str(files["gray"])), 1), (on_gpu(str(files["png"])), 2)]
+    images, _ = encoded_collate(batch)
+    whole = images.data.clone()
+    out = decode_batch(images, torch.device("cpu"), 64)
+    # One copy of the whole buffer, then the crop table of the GPU stage's samples (page-locked as well).
+    assert len(staged) == 2 and torch.equal(staged[0], whole) and staged[1].numel() < whole.numel()
+    # The JPEG's bytes and the decoded pixels the GPU stage reads are views of that copy, not of the worker's buffer.
+    assert len(seen) == 2 and all(
+        sample.data.untyped_storage().data_ptr() == staged[0].untyped_storage().data_ptr() for sample in seen
+    )
+    assert out.shape == (3, 3, 64, 64)
+    assert images.data.numel() == 0  # the worker's buffer is still released
+
+
+def test_the_jpeg_bytes_stay_alive_until_nvjpegs_work_has_run(files, monkeypatch):
+    """nvJPEG copies the bytes on its own stream, unseen by PyTorch's page-locked allocator: they are parked with the
+    decoded images, released only once the consumer stream has passed the batch's last read."""
+    import gpu_decode
+
+    parked = []
+
+    class Lane:
+        def decode(self, data, device, nvjpeg, capacity, known):  # noqa: ANN001, ANN201
+            return [torch.zeros(3, 8, 8, dtype=torch.uint8) for _ in data]
+
+        def park(self, images):  # noqa: ANN001, ANN201
+            parked.append(images)
+
+    monkeypatch.setattr(gpu_decode._DecodeStream, "of", classmethod(lambda cls, device, lane=0: Lane()))
+    on_gpu = EncodedSampleLoader(True, 64, 0.08, 73, load_rgb, read_headers=True)
+    samples = [on_gpu(str(files["jpeg"])) for _ in range(3)]
+    images, release = gpu_decode._decode(samples, torch.device("cuda", 0), "preallocated", 8)
+    assert parked == []  # nothing parked before the caller has queued its reads
+    release()
+    (kept,) = parked
+    assert all(any(image is held for held in kept) for image in images)
+    assert all(any(sample.data is held for held in kept) for sample in samples)
+
+
 @pytest.mark.gpu
 def test_host_pixels_are_staged_in_page_locked_memory_for_the_gpu():
     from gpu_decode import _staged
