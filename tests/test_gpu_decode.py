@@ -270,6 +270,37 @@ def test_batched_resize_matches_the_per_image_reference(mixed_batch):
     torch.testing.assert_close(out[3], reference[3], atol=1e-4, rtol=0)
 
 
+def test_the_banded_filter_weights_are_the_dense_ones():
+    """Only the taps near each output pixel are computed and scattered: the same weights as ATen's formula evaluated
+    over every input pixel, for downscaling up to 12 input pixels an output, upscaling, shifted (validation) centers,
+    mirrored rows and lengths short of the padded width."""
+    from gpu_decode import _filter_weights, _taps
+
+    generator = torch.Generator().manual_seed(0)
+    size, padded = 40, 480
+    lengths = torch.randint(3, padded + 1, (64,), generator=generator).float()
+    lengths[:4] = torch.tensor([1.0, 2.0, float(padded), 20.0])
+    scale = lengths / size
+    shift = torch.zeros(64)
+    shift[32:] = torch.rand(32, generator=generator)  # center crops: outputs start off the box's start
+    scale[32:] *= 0.8
+    mirror = torch.arange(64) % 3 == 0
+    banded = _filter_weights(lengths, scale, shift, mirror, size, padded, torch.float32, _taps(scale.max().item()))
+
+    steps = torch.arange(size, dtype=torch.float32)
+    steps = torch.where(mirror[:, None], size - 1 - steps, steps) + 0.5
+    inverse = 1.0 / scale.clamp(min=1.0)
+    center = (shift[:, None] + steps * scale[:, None]) * inverse[:, None]
+    x = torch.arange(padded, dtype=torch.float32) + 0.5
+    dense = (1 - (x * inverse[:, None, None] - center[:, :, None]).abs()).clamp(min=0)
+    dense = dense.masked_fill(x >= lengths[:, None, None], 0.0)
+    dense /= dense.sum(-1, keepdim=True)
+    assert scale.max() > 11 and scale.min() < 1
+    # float32 rounding of the two orders of evaluation: 4.3e-6 at most here; the GPU casts the weights to fp16 (~5e-4).
+    torch.testing.assert_close(banded, dense, rtol=0, atol=1e-5)
+    assert torch.allclose(banded.sum(-1), torch.ones(64, size))
+
+
 def test_batched_resize_in_fp16_as_on_the_gpu(mixed_batch):
     reference = decode_crop_resize_reference(mixed_batch, torch.device("cpu"), SIZE)
     out = decode_crop_resize(mixed_batch, torch.device("cpu"), SIZE, dtype=torch.float16)
