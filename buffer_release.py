@@ -51,11 +51,11 @@ def release_host_buffer(buffer: torch.Tensor) -> bool:
 class _PendingRelease:
     """Host buffers of packed batches waiting until nothing queued on the device can read them.
 
-    On CUDA the finished crops and the non-JPEG pixels leave the buffer through a CPU copy into page-locked memory
-    (gpu_decode.py's ``_staged``), and nvJPEG has read the JPEG bytes when its call returns, so nothing queued should
-    read the buffer. It is still released only once an event recorded after its batch's work on the current stream
-    has passed (in practice at the next batch): that costs nothing and keeps it safe from any copy that reads it in
-    place, as on systems that share memory between CPU and GPU. One list for all devices and loaders (the train and
+    On CUDA the whole buffer leaves through one CPU copy into page-locked memory (gpu_decode.py's ``_staged``), and
+    the device reads only that copy, so nothing queued should read the buffer. It is still released only once an
+    event recorded after its batch's work on the current stream has passed (in practice at the next batch): that costs
+    nothing and keeps it safe from any copy that reads it in place, as on systems that share memory between CPU and
+    GPU. One list for all devices and loaders (the train and
     val producers may overlap).
     """
 

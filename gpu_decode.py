@@ -100,7 +100,7 @@ DECODE_STREAM_PRIORITY = -1
 #: 50 MB of uint8 plus 100 MB of fp16 on the GPU while a group is resized. A batch over it goes in groups of crops of
 #: similar size, which also pad less: for 256 RandomResizedCrops of 300-500 px images, 3 groups and 35 M padded pixels
 #: instead of one group of 56 M (the whole batch padded to its largest crop), for about 75 more torch calls (40 kernel
-#: launches) a group.
+#: launches; about 50 since the banded filter weights of :func:`_filter_weights`) a group.
 MAX_PADDED_PIXELS = 64 * 512 * 512
 
 # Columns of the per-crop table that the batched path copies to the device in one transfer (_SOURCE: the sample's
@@ -128,8 +128,8 @@ def decode_batch(
         raise ValueError(f"finished crops are {images.size}x{images.size}, expected {size}x{size}")
     # The whole buffer in page-locked memory, in one copy: the finished crops, the pixels and the JPEG bytes. nvJPEG
     # copies each JPEG to the device itself, one cudaMemcpyAsync an image; from the worker's pageable buffer each of
-    # those had the driver stage the bytes while the call lasted, 36 us a JPEG on an H200 under fp16 eager training
-    # (130 a batch, 4.6 ms of the producer's time, holding up the other threads' launches meanwhile; nsys, bench/
+    # those had the driver stage the bytes while the call lasted, 36 us median on an H200 under fp16 eager training
+    # (130 a batch, 5.0 ms of the producer's time, holding up the other threads' launches meanwhile; nsys, bench/
     # RESULTS.md, thirty-sixth session). _decode keeps these bytes alive until nvJPEG's copies have run.
     finished, samples = images._replace(data=_staged(images.data, device)).unpack()
     shape = (images.finished + len(images.table), 3, size, size)
@@ -153,7 +153,9 @@ def _staged(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     in an H200 trace, the training thread's launches included). Copying into page-locked memory here takes the same
     few milliseconds of this thread, without the GIL or the driver once PyTorch's host allocator has cached blocks of
     the size (its first ones come from ``cudaHostAlloc``, 30-36 ms each on the H200, once); the copy to the device then
-    runs on its own. The staging block goes back to that allocator, which reuses it only after the copy has finished."""
+    runs on its own. The staging block goes back to that allocator, which reuses it only after PyTorch's own copies
+    from it have finished; nvJPEG's copies of JPEG bytes it holds are not PyTorch's: :func:`_decode` parks those bytes
+    until the batch's work has passed."""
     if device.type != "cuda" or host.is_pinned():
         return host
     staging = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
@@ -175,7 +177,7 @@ def decode_crop_resize(
 ) -> torch.Tensor:
     """Decodes, crops, resizes and flips a batch on ``device``; returns float32 ``(N, 3, size, size)`` on 0..255.
 
-    Must run on the stream the result is wanted on (the prefetcher's side stream). About 40 launches per group of
+    Must run on the stream the result is wanted on (the prefetcher's side stream). About 50 launches per group of
     similar crops, not per image (see the module's docstring); same pixels as :func:`decode_crop_resize_reference`
     up to fp16 rounding on the GPU (mean absolute difference below 0.05 of 255) and float rounding on the CPU.
 
@@ -303,7 +305,8 @@ class _DecodeStream:
     the memory of the previous batch's temporaries (freed by Python while their kernels are still queued there) and
     nvJPEG could overwrite it before those kernels ran. So the outputs are allocated on a stream of their own, which
     nothing else allocates on, and the decoded images of a call are held (parked) until an event recorded after their
-    last read on the consumer stream has passed; only then can the next decode reuse their memory. One per device and
+    last read on the consumer stream has passed; only then can the next decode reuse their memory. The JPEG bytes the
+    call read are parked with them: nvJPEG may copy them to the device after its call has returned. One per device and
     lane: threads that decode at once (the prefetcher's producers) each use their own lane, so that neither waits for
     the other's decoder; threads of one lane (the train and val producers, which may overlap) share it, behind its
     locks.
@@ -561,9 +564,10 @@ def _filter_axes(sample: Encoded, shape: Sequence[int], size: int) -> tuple[floa
 
 
 def _taps(max_scale: float) -> int:
-    """Input pixels that can weigh in one output pixel along an axis, for boxes of at most ``max_scale`` input pixels
-    an output: the filter's support is ``2 x max(scale, 1)`` pixels wide; one more for a start that falls on a pixel,
-    and one each side for float rounding of the centers (those taps weigh zero or next to it)."""
+    """Input pixels computed for one output pixel along an axis, for boxes of at most ``max_scale`` input pixels an
+    output: the filter's support, ``2 x max(scale, 1)`` pixels wide, covers at most ``ceil(2 x max(scale, 1)) + 1``
+    of them; :func:`_filter_weights` starts a pixel early and one more is spare for float rounding of the centers
+    (such taps weigh zero)."""
     return math.ceil(2 * max(max_scale, 1.0)) + 3
 
 

@@ -17,8 +17,9 @@ Rows, in this order in one process:
 
     new files (cold)        torchvision.io.decode_jpeg on a list, counts drawn as the split draws them
     new files, all W x H    (--same-size W H) the next files re-encoded at one size: new bitstreams, one image size
-    decode_batch, pageable  the app's producer work on packed batches (share --share), crops copied from pageable memory
-    decode_batch            the same as the app does it: crops staged in page-locked memory
+    decode_batch, pageable  the app's producer work on packed batches (share --share), the batch left in pageable
+                            memory (crops, JPEG bytes and crop table copied from it)
+    decode_batch            the same as the app does it: the batch staged in page-locked memory
     nvjpeg_batched (...)    the next files by nvjpeg_batched.py's own handle: buffers preallocated for the batch at
                             512 x 512 (``data.nvjpeg: preallocated``), and the same handle without preallocation
     decode_batch, data.nvjpeg preallocated   the app's producer work with that decoder

@@ -32,8 +32,9 @@ Variants:
     app_folder_gpu_tv@S  the split with data.cpu_decoder=torchvision: the workers' share decoded by torchvision
                    (_tv also after _preallocated: app_folder_gpu_preallocated_tv@S); without @S the same as
                    app_folder_gpu (the files nvJPEG must not get are not plain JPEGs: PIL decodes them either way)
-    app_folder_gpu_pageable@S  the same, with the finished crops copied to the GPU from pageable memory as before
-                   they were staged in page-locked memory (gpu_decode._staged bypassed): that change side by side
+    app_folder_gpu_pageable[@S]  the same, with the batch's host memory left pageable (gpu_decode._staged bypassed):
+                   the finished crops, the JPEG bytes nvJPEG copies and the crop table go to the GPU from the worker's
+                   buffer, as before they were staged in page-locked memory: that change side by side
     app_folder_gpu_preallocated[@S]  app_folder_gpu[@S] with data.nvjpeg=preallocated (nvjpeg_batched.py's decoder)
     app_folder_gpu_onegroup[@S]  app_folder_gpu[@S] with the whole batch resized as one group, padded to its largest
                    crop (gpu_decode.MAX_PADDED_PIXELS 256 x 512 x 512, the old default, which never split a batch of
@@ -222,9 +223,6 @@ def split_variant(variant: str) -> tuple[str, float]:
         value = -1.0
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"variant {variant!r}: the CPU decode share after '@' must be a number in [0, 1]")
-    if name.endswith("_pageable") and value == 0.0:
-        # Only finished crops take the staged copy: without any, the variant would be app_folder_gpu itself.
-        raise ValueError(f"variant {variant!r}: the pageable copy needs finished crops: add @SHARE with SHARE > 0")
     return name, value
 
 

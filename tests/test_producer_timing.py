@@ -177,6 +177,23 @@ def test_refuses_a_missing_script_or_a_bad_interval() -> None:
         assert bad.returncode == 2 and "--switch-ms must be a number > 0, got" in bad.stderr
 
 
+def test_each_row_keeps_its_first_and_its_longest_call(bench_script) -> None:
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    producer_timing = bench_script("producer_timing")
+    stub = SimpleNamespace(wait=lambda seconds: time.sleep(seconds))
+    producer_timing.timed(stub, "wait", "stub wait")
+    for seconds in (0.03, 0.08, 0.01):  # neither the first nor the last call is the longest
+        stub.wait(seconds)
+    thread = threading.current_thread()
+    calls, wall, _, first, longest = producer_timing.STATS.pop((thread.name, thread.ident, "stub wait"))
+    producer_timing.SPANS.pop((thread.name, thread.ident), None)
+    assert calls == 3 and wall >= 0.12
+    assert 0.03 <= first < 0.06 and 0.08 <= longest < wall
+
+
 def test_threads_that_share_a_name_get_rows_of_their_own(bench_script) -> None:
     producer_timing = bench_script("producer_timing")
     stats = {
