@@ -51,6 +51,13 @@
 #            report's median step (opening the window under nsys drains the GPU's queue; the host then runs ahead),
 #            by kernel class (bench/kernel_classes.py); the summary stays in OUTDIR/report-nsys_kern_sum.csv, for
 #            bench/kernel_classes.py --compare against another run's
+# producer-nsys: train.py's window (steps 30-39) on the JPEG folder under nsys -t cuda,nvtx,osrt and
+#            bench/producer_timing.py --nvtx, on CORES cores (default 16, CORES-2 workers): the producer's steps are NVTX
+#            ranges, and bench/nsys_api_by_range.py --same-thread gives the CUDA calls (--every-api) and the OS calls
+#            (--os-runtime) each step made, bench/nsys_threads.py each thread's API time and each stream's GPU time;
+#            DECODE, SHARE (default 0.5), NVJPEG (default preallocated), COMPILE and PRECISION (default 16-mixed) as
+#            the report stages; tracing the OS calls slows the run (to 3,805 img/s from about 5,750 for fp16 eager
+#            ResNet-50, thirty-sixth session); only text comes back
 # producer : the compiled decode split under bench/producer_timing.py on CORES cores (default 16; CORES-2 workers):
 #            one process per variant of VARIANTS (default app_folder_gpu_tv@0.5 and @0.7, COMPILE default
 #            reduce-overhead put in each, before any +threads=N), its img/s and where the prefetcher's producer
@@ -233,6 +240,28 @@ for stage in "$@"; do
       > "$out/${stage}_stats.txt" 2>&1 || { tail -5 "$out/${stage}_stats.txt"; mark 1; }
     cp /tmp/report_nsys_cuda_gpu_kern_sum.csv "$out/${stage}_kern_sum.csv" 2>/dev/null  # for kernel_classes --compare
     python3 bench/kernel_classes.py /tmp/report_nsys_cuda_gpu_kern_sum.csv --steps 5 | tee -a "$out/$stage.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || mark 1 ;;
+  producer-nsys)
+    jpegs; cores=${CORES:-16}
+    rm -f /tmp/producer_nsys.nsys-rep /tmp/producer_nsys.sqlite
+    timeout "$limit" taskset -c "0-$((cores - 1))" nsys profile -t cuda,nvtx,osrt -s none --cpuctxsw none \
+      --capture-range=cudaProfilerApi --capture-range-end=stop --force-overwrite true -o /tmp/producer_nsys \
+      python3 bench/producer_timing.py --nvtx -- train.py --config configs/resnet50_imagenet.yaml $(compile_args) \
+      --data.root "$data" --data.workers $((cores - 2)) --data.decode "${DECODE:-gpu}" \
+      --data.cpu_decode_share "${SHARE:-0.5}" --data.nvjpeg "${NVJPEG:-preallocated}" --data.batch_size 256 \
+      --trainer.precision "${PRECISION:-16-mixed}" --trainer.max_steps 60 --trainer.enable_progress_bar false \
+      --trainer.default_root_dir /tmp/producer_nsys_run --trainer.logger.init_args.save_dir /tmp/producer_nsys_run \
+      --profile.start_step 30 --profile.num_steps 10 > "$out/${stage}_run.txt" 2>&1; rc=$?
+    grep -A9 "step report," "$out/${stage}_run.txt" | tee "$out/$stage.txt"
+    grep -A24 "^producer timing" "$out/${stage}_run.txt" | grep -v "^$" | tee -a "$out/$stage.txt"
+    [ $rc -eq 0 ] || tail -30 "$out/${stage}_run.txt"; mark $rc
+    nsys export --type sqlite -o /tmp/producer_nsys.sqlite /tmp/producer_nsys.nsys-rep \
+      > /dev/null 2>&1 || { echo "nsys export failed"; mark 1; }
+    for which in --every-api --os-runtime; do
+      python3 bench/nsys_api_by_range.py /tmp/producer_nsys.sqlite --same-thread "$which" | tee -a "$out/$stage.txt"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || mark 1
+    done
+    python3 bench/nsys_threads.py /tmp/producer_nsys.sqlite --top 8 | tee -a "$out/$stage.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || mark 1 ;;
   producer)
     jpegs; cores=${CORES:-16}; mode=${COMPILE:-reduce-overhead}; sync=(); [ -n "${SYNC_RELEASE:-}" ] && sync=(--sync-release)
