@@ -55,8 +55,7 @@ class _PendingRelease:
     the device reads only that copy, so nothing queued should read the buffer. It is still released only once an
     event recorded after its batch's work on the current stream has passed (in practice at the next batch): that costs
     nothing and keeps it safe from any copy that reads it in place, as on systems that share memory between CPU and
-    GPU. One list for all devices and loaders (the train and
-    val producers may overlap).
+    GPU. One list for all devices and loaders (the train and val producers may overlap).
     """
 
     lock = threading.Lock()

@@ -283,8 +283,9 @@ def _decode(
             pool = _DecodeStream.of(device, lane)
             known = [samples[i].hardware_size for i in jpeg_index]
             decoded = pool.decode(data, device, nvjpeg, max(capacity, len(data)), known)
-            # The JPEG bytes too: nvJPEG's own copies read them on its stream, which PyTorch's page-locked allocator
-            # does not see (a staged buffer freed now could be handed to the next batch before those copies ran).
+            # The JPEG bytes too: nvJPEG's API lets its own copies of them run after the call returns, on its streams,
+            # which PyTorch's page-locked allocator does not see (a staged buffer freed now could then be handed to the
+            # next batch first). On the H200 they had finished within the call (bench/RESULTS.md, thirty-sixth session).
             release = lambda: pool.park([*decoded, *data])  # noqa: E731
         else:
             decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)

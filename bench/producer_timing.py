@@ -15,8 +15,8 @@ queue full: then the producer is not the limit), and its span row (first timed c
 top rows (the loader's next batch, the whole batch, the hand-over) shows how much of each batch no timed call holds.
 The first call of a row is apart because the main thread's first wait for a batch covers the loader's start (its
 workers, the first decode): a mean well above ``(wall s - first) / (calls - 1)`` is that start, not the steady state.
-On an H200, fp16 eager ResNet-50 with the split at 0.5, a mean of 11-12 ms over 150 steps held a first wait of 1.7-1.8
-s: 0.02-0.03 ms a step after it (bench/RESULTS.md, thirty-sixth session).
+On an H200 (fp16 eager ResNet-50, the split at 0.5) a first wait of 1.7-1.8 s made a mean of 11-12 ms a step over 150
+steps; after it the wait was 0.02-0.03 ms a step (bench/RESULTS.md, thirty-sixth session).
 
 On an H200, ResNet-50 compiled with ``reduce-overhead`` and half the 300-500 px JPEGs decoded by nvJPEG, the
 producer took 55-67 ms a batch where the model's step on synthetic data takes 38 ms, 35-38 ms of it CPU time inside
