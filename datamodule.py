@@ -381,6 +381,12 @@ class ImageNetDataModule(pl.LightningDataModule):
         return self._classes
 
     @property
+    def class_names(self) -> list[str] | None:
+        """The class folders' names in label order, which a checkpoint records; None for synthetic data, whose classes
+        are numbers only."""
+        return None if self.source == "synthetic" else list(self.classes)
+
+    @property
     def num_classes(self) -> int:
         """Number of classes; linked into ``model.num_classes`` by the CLI."""
         return len(self.classes)

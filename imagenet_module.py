@@ -202,9 +202,7 @@ class ImageNetClassifier(pl.LightningModule):
     def _class_names(self) -> list[str] | None:
         """The class folders' names in label order, when the run's data has named classes (not synthetic data)."""
         data = getattr(self._trainer, "datamodule", None)
-        if data is None or getattr(data, "source", None) not in ("folder", "generated"):
-            return None
-        return list(data.classes)
+        return getattr(data, "class_names", None)
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -427,6 +427,10 @@ def build_checkpoint(legacy: LegacyCheckpoint, model: Any, datamodule: Any, trai
         model.on_save_checkpoint(checkpoint)
     finally:
         model.trainer = None
+    # The trainer has no data module before fit: the class names (checked when the checkpoint is evaluated or resumed
+    # on other data) come from the run's own.
+    if datamodule.class_names is not None:
+        checkpoint["class_names"] = datamodule.class_names
     checkpoint[RECORD_KEY] = {
         "source": str(legacy.path),
         "epoch": legacy.epoch,

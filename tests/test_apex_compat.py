@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
@@ -607,6 +608,8 @@ def test_fit_resumes_a_main_amp_checkpoint(tmp_path: Path, data_root: Path, monk
     checkpoint = torch.load(converted, weights_only=True)
     assert (checkpoint["epoch"], checkpoint["global_step"]) == (1, 5)  # 40 images / batch 8 = 5 steps per epoch
     assert checkpoint[legacy_checkpoint.RECORD_KEY]["best_prec1"] == 12.5
+    # The data folder's class names, as every checkpoint of the run records them (checked on other data).
+    assert checkpoint["class_names"] == sorted(p.name for p in (data_root / "train").iterdir())
     for key, value in legacy["state_dict"].items():
         assert torch.equal(checkpoint["state_dict"]["model." + key.removeprefix("module.")], value)
     saved, ours = legacy["optimizer"]["state"], checkpoint["optimizer_states"][0]["state"]
@@ -731,6 +734,23 @@ def test_the_converted_checkpoint_is_saved_as_the_runs_own(tmp_path: Path, data_
         os.umask(umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o644  # 0666 minus the umask, as every other checkpoint (not 0600)
     assert not list(tmp_path.glob(".*"))
+
+
+def test_a_converted_checkpoint_is_refused_on_a_folder_with_other_class_names(
+    tmp_path: Path, data_root: Path, refused
+) -> None:
+    """main_amp.py's checkpoint has no class names; the converted one takes the data folder's it was converted for, so
+    evaluating it on a folder with a class renamed (every label from it on moved) is refused as any checkpoint is."""
+    source = tmp_path / "model_best.pth.tar"
+    write_legacy(source)
+    argv, _ = apex_compat.translate(["-b", "8", "-j", "0", "--resume", str(source), str(data_root), *CPU], {})
+    converted = legacy_checkpoint.convert(source, argv, environ={})
+    root = tmp_path / "renamed"
+    shutil.copytree(data_root, root)
+    for split in ("train", "val"):
+        (root / split / "circle").rename(root / split / "zz_circle")
+    said = refused(["validate", "--data.root", str(root), "--data.workers", "0", *CPU, "--ckpt_path", str(converted)])
+    assert f"--ckpt_path {converted} was trained with other class names: label 1 is 'circle' there" in said
 
 
 def test_a_converted_checkpoint_resumed_in_other_units_maps_the_lr_schedule(

@@ -520,6 +520,7 @@ def test_synthetic_source_needs_no_files(tmp_path: Path) -> None:
         synthetic_val_steps=2,
     )
     assert dm.num_classes == 7
+    assert dm.class_names is None  # numbers only: a checkpoint records no class names for synthetic data
     dm.setup("fit")
     train_loader, val_loader = dm.train_dataloader(), dm.val_dataloader()
     assert isinstance(train_loader, SyntheticBatches)
