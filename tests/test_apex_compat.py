@@ -739,8 +739,8 @@ def test_the_converted_checkpoint_is_saved_as_the_runs_own(tmp_path: Path, data_
 def test_a_converted_checkpoint_is_refused_on_a_folder_with_other_class_names(
     tmp_path: Path, data_root: Path, refused
 ) -> None:
-    """main_amp.py's checkpoint has no class names; the converted one takes the data folder's it was converted for, so
-    evaluating it on a folder with a class renamed (every label from it on moved) is refused as any checkpoint is."""
+    """main_amp.py's checkpoint has no class names; the converted one takes those of the data folder it was converted
+    for, so evaluating it on a folder with a class renamed (every label from it on moved) is refused as any is."""
     source = tmp_path / "model_best.pth.tar"
     write_legacy(source)
     argv, _ = apex_compat.translate(["-b", "8", "-j", "0", "--resume", str(source), str(data_root), *CPU], {})
