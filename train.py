@@ -192,11 +192,14 @@ class ImageNetCLI(LightningCLI):
             self._refuse(said)
 
     def _new_run_folder(self) -> NewRunFolder | None:
-        """The folders the logger is about to create for this run (rank 0, which writes them), if it is a CSV logger."""
+        """What this run is about to write before its first step (rank 0 writes it): the CSV logger's folder, or,
+        without a logger, the config file Lightning saves into ``trainer.default_root_dir``."""
         logger = self.trainer.logger
-        if rank_zero_only.rank != 0 or not isinstance(logger, CSVLogger):
+        if rank_zero_only.rank != 0:
             return None
-        return NewRunFolder(logger.log_dir)
+        if isinstance(logger, CSVLogger):
+            return NewRunFolder(logger.log_dir)
+        return NewRunFolder(self.trainer.default_root_dir) if logger is None else None
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         if self.subcommand in ("validate", "test"):

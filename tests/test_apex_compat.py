@@ -737,10 +737,11 @@ def test_the_converted_checkpoint_is_saved_as_the_runs_own(tmp_path: Path, data_
 
 
 def test_a_converted_checkpoint_is_refused_on_a_folder_with_other_class_names(
-    tmp_path: Path, data_root: Path, refused
+    tmp_path: Path, data_root: Path, refused, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """main_amp.py's checkpoint has no class names; the converted one takes those of the data folder it was converted
     for, so evaluating it on a folder with a class renamed (every label from it on moved) is refused as any is."""
+    monkeypatch.chdir(tmp_path)  # without a logger, the working folder is where a run writes its config
     source = tmp_path / "model_best.pth.tar"
     write_legacy(source)
     argv, _ = apex_compat.translate(["-b", "8", "-j", "0", "--resume", str(source), str(data_root), *CPU], {})
@@ -751,6 +752,8 @@ def test_a_converted_checkpoint_is_refused_on_a_folder_with_other_class_names(
         (root / split / "circle").rename(root / split / "zz_circle")
     said = refused(["validate", "--data.root", str(root), "--data.workers", "0", *CPU, "--ckpt_path", str(converted)])
     assert f"--ckpt_path {converted} was trained with other class names: label 1 is 'circle' there" in said
+    # Without a logger the config goes to the working folder; the refused run takes it back as from a run folder.
+    assert not (tmp_path / "validate_config.yaml").exists()
 
 
 def test_a_converted_checkpoint_resumed_in_other_units_maps_the_lr_schedule(
