@@ -39,10 +39,10 @@ the per-image loop it replaces (crop, cast, flip, ``F.interpolate`` per sample, 
 held the GIL on the prefetcher's producer thread against the training thread's own launches. Now
 (:func:`decode_crop_resize`):
 
-1. gather: the crops of a group (below), padded to the group's largest, into one uint8 ``(n, Hp, 3, Wp)`` tensor. The
-   group's decoded images are concatenated into one flat buffer (one ``torch.cat``) and one index op reads row ``y``
-   of channel ``c`` of crop ``i`` from a sliding-window view of that buffer (``unfold``: one index per row, not per
-   pixel).
+1. gather: the crops of a group (below), padded to the group's largest, into one uint8 ``(n, Hp, 3, Wp)`` tensor.
+   One index op reads row ``y`` of channel ``c`` of crop ``i`` from a sliding-window view of one flat buffer of the
+   decoded images (``unfold``: one index per row, not per pixel): the buffer :mod:`nvjpeg_batched` decoded them into,
+   or else the group's images concatenated (one ``torch.cat``).
 2. resize: antialiased bilinear resizing is separable, ``out = Wy @ crop @ Wx^T`` with a ``(size, Hp)`` and a
    ``(size, Wp)`` weight matrix per crop, so two batched matmuls (fp16 on the GPU, fp32 accumulation) resize the
    whole group. The weights are those of ``F.interpolate(mode="bilinear", antialias=True)``: a triangle of half-width
@@ -456,12 +456,15 @@ def _crop_resize(
     # One table of every batched crop's geometry, group after group, and the resize's float parameters, each group's
     # as one block (:func:`_resize` slices it without a copy): one host-to-device copy. Offsets count from the start of
     # the crop's group: each group is flattened on its own.
-    rows, blocks, taps = [], [], []
-    for members, _, _ in groups:
+    rows, blocks, taps, buffers = [], [], [], []
+    for members, _, padded_w in groups:
+        shared = _shared_buffer([images[i] for i in members], padded_w) if gather == "strided" else None
+        buffers.append(shared[0] if shared else None)
         offset = 0
-        for i in members:
+        for k, i in enumerate(members):
             _, height, width = shapes[i]
-            rows.append((offset, width, height * width, *boxes[i], samples[i].flip, i))
+            at = shared[1][k] if shared else offset
+            rows.append((at, width, height * width, *boxes[i], samples[i].flip, i))
             offset += 3 * height * width
         axes = np.array([_filter_axes(samples[i], shapes[i][1:], size) for i in members], dtype=np.float32)
         blocks.append(axes.reshape(len(members), 3, 2).transpose(1, 2, 0).reshape(-1))  # lengths, scales, shifts
@@ -473,16 +476,18 @@ def _crop_resize(
     parameters = packed[table_bytes.size :].view(torch.float32)
 
     start = 0
-    for (members, padded_h, padded_w), group_taps in zip(groups, taps, strict=True):
+    for (members, padded_h, padded_w), group_taps, flat in zip(groups, taps, buffers, strict=True):
         stop = start + len(members)
         meta = table[start:stop]
         if gather == "strided":
-            # The group's images flattened end to end, plus room for the last rows' padded reads: one cat a group,
-            # so that no more than one group's pixels are copied at a time.
-            tail = torch.empty(padded_w, dtype=torch.uint8, device=device)
-            flat = _flatten_dense_tensors([*(images[i] for i in members), tail])
+            if flat is None:
+                # The group's images flattened end to end, plus room for the last rows' padded reads: one cat a
+                # group, so that no more than one group's pixels are copied at a time.
+                tail = torch.empty(padded_w, dtype=torch.uint8, device=device)
+                flat = _flatten_dense_tensors([*(images[i] for i in members), tail])
+                del tail
             crops = _gather_strided(flat, meta, padded_h, padded_w)
-            del flat, tail
+            del flat
         else:
             crops = torch.empty((len(members), padded_h, 3, padded_w), dtype=torch.uint8, device=device)
             for k, i in enumerate(members):
@@ -530,6 +535,29 @@ def _groups(boxes: list[tuple[int, int, int, int]], budget: int) -> list[tuple[l
         padded_h, padded_w = grown_h, grown_w
     groups.append((members, padded_h, padded_w))
     return groups
+
+
+def _shared_buffer(images: list[torch.Tensor], padded_w: int) -> tuple[torch.Tensor, list[int]] | None:
+    """The flat uint8 buffer that all ``images`` are contiguous views of, and each one's offset in it, when it holds
+    ``padded_w`` bytes past every image's end (room for :func:`_gather_strided`'s padded reads); else None.
+
+    :mod:`nvjpeg_batched` decodes a call's images into one such buffer, spare bytes at its end included: the gather
+    then reads the decoder's output where it is, without the concatenation that a list of separately allocated images
+    (torchvision's binding, pixels decoded by the workers) needs. That copy of the decoded images took 0.17 ms of an
+    H200 a step of fp16 eager training, where the GPU is the step's limit (bench/RESULTS.md, thirty-sixth session).
+    """
+    base = images[0]._base
+    if base is None or base.dim() != 1 or base.dtype != torch.uint8 or not base.is_contiguous():
+        return None
+    offsets = []
+    for image in images:
+        if image._base is not base or not image.is_contiguous():
+            return None
+        offset = image.storage_offset() - base.storage_offset()
+        if offset < 0 or offset + image.numel() + padded_w > base.numel():
+            return None
+        offsets.append(offset)
+    return base, offsets
 
 
 def _gather_strided(flat: torch.Tensor, meta: torch.Tensor, padded_h: int, padded_w: int) -> torch.Tensor:

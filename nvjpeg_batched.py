@@ -206,8 +206,8 @@ class BatchedDecoder:
         self, jpegs: Sequence[torch.Tensor], known: Sequence[tuple[int, int] | None] | None = None
     ) -> list[torch.Tensor | None]:
         """Decodes, on the current stream, the JPEGs (uint8 1-D CPU tensors: the files' bytes) that the hardware
-        decoder takes; returns uint8 ``(3, H, W)`` views of one buffer for those and None for the others (progressive
-        JPEGs, unusual subsamplings), which the caller decodes some other way.
+        decoder takes; returns uint8 ``(3, H, W)`` views of one buffer (spare bytes at its end) for those and None
+        for the others (progressive JPEGs, unusual subsamplings), which the caller decodes some other way.
 
         Each image's buffer is sized from its header, as nvJPEG reads it (``nvjpegGetImageInfo``,
         ``nvjpegDecodeBatchedSupported``) or, once :data:`CHECKED_SIZES` sizes of the workers' reading have matched
@@ -231,7 +231,10 @@ class BatchedDecoder:
             if not chosen:
                 return results
             planes = [sizes[k][0] * sizes[k][1] for k in chosen]  # type: ignore[index]
-            out = torch.empty(3 * sum(planes), dtype=torch.uint8, device=self.device)
+            # Spare bytes past the last image, a row of the widest rounded up to 8: gpu_decode's strided gather reads
+            # up to that far past an image's end, and so reads this buffer where it is, with no copy of the images.
+            spare = -(-max(sizes[k][1] for k in chosen) // 8) * 8  # type: ignore[index]
+            out = torch.empty(3 * sum(planes) + spare, dtype=torch.uint8, device=self.device)
             base, offset = out.data_ptr(), 0
             images = (NvjpegImage * len(chosen))()
             data = (ctypes.c_void_p * len(chosen))()

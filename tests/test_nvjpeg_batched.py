@@ -347,12 +347,17 @@ def test_a_remade_decoder_keeps_decoding_right():
 
 
 @pytest.mark.gpu
-def test_decode_batch_with_the_preallocated_decoder_gives_torchvisions_crops():
+def test_decode_batch_with_the_preallocated_decoder_gives_torchvisions_crops(monkeypatch):
     from encoded_batch import Encoded, PackedBatch, encoded_collate
     from gpu_decode import decode_batch
 
     pool = gpu_decode._DecodeStream.of(torch.device("cuda", torch.cuda.current_device()))
     pool.preallocated_failed, pool.warned = False, set()
+    concatenations = []
+    flatten = gpu_decode._flatten_dense_tensors
+    monkeypatch.setattr(
+        gpu_decode, "_flatten_dense_tensors", lambda tensors: concatenations.append(1) or flatten(tensors)
+    )
 
     def batch(progressive: bool, read: bool = False) -> PackedBatch:
         samples = []
@@ -366,7 +371,9 @@ def test_decode_batch_with_the_preallocated_decoder_gives_torchvisions_crops():
         warnings.simplefilter("always")
         ours = decode_batch(batch(False), "cuda", 64, nvjpeg="preallocated")
     assert pool.preallocated is not None and not caught  # the own decoder ran, nothing fell back
+    assert not concatenations  # the crops were read from the decoder's buffer, where nvJPEG wrote them
     assert torch.equal(ours, decode_batch(batch(False), "cuda", 64))
+    assert concatenations  # torchvision's images are separate tensors
     assert torch.equal(decode_batch(batch(False, read=True), "cuda", 64, nvjpeg="preallocated"), ours)
     with pytest.warns(UserWarning, match="not for nvJPEG's hardware decoder"):
         ours = decode_batch(batch(True), "cuda", 64, nvjpeg="preallocated")
