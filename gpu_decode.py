@@ -99,13 +99,17 @@ DECODE_STREAM_PRIORITY = -1
 #: Pixels (crops x padded height x padded width) of one group of the batched resize: 64 crops of 512 x 512, about
 #: 50 MB of uint8 plus 100 MB of fp16 on the GPU while a group is resized. A batch over it goes in groups of crops of
 #: similar size, which also pad less: for 256 RandomResizedCrops of 300-500 px images, 3 groups and 35 M padded pixels
-#: instead of one group of 56 M (the whole batch padded to its largest crop), for about 75 more torch calls (40 kernel
-#: launches; about 50 since the banded filter weights of :func:`_filter_weights`) a group.
+#: instead of one group of 56 M (the whole batch padded to its largest crop), for about 47 more torch calls (27 kernel
+#: launches) a group.
 MAX_PADDED_PIXELS = 64 * 512 * 512
 
-# Columns of the per-crop table that the batched path copies to the device in one transfer (_SOURCE: the sample's
-# position in the batch, where its crop goes).
-_OFFSET, _WIDTH, _PLANE, _TOP, _LEFT, _CROP_H, _CROP_W, _FLIP, _SOURCE = range(9)
+# Rows of the per-crop table (one column a crop) that the batched path copies to the device in one transfer, with the
+# filter parameters (:func:`_filter_parameters`): where the crop's first row starts in its flat buffer (channel 0), the
+# image's width and plane, the crop's last row, and _SOURCE, the sample's position in the batch (where its crop goes).
+# The device reads each row as an ``(n, 1, 1)`` view, so that a group's indices and weights take a few broadcasting
+# ops: each op is a launch and a hand-over of the GIL between this thread and the training thread, whose own launches
+# wait meanwhile (bench/RESULTS.md, thirty-seventh session).
+_START, _WIDTH, _PLANE, _LAST_ROW, _SOURCE = range(5)
 
 
 def decode_batch(
@@ -177,7 +181,7 @@ def decode_crop_resize(
 ) -> torch.Tensor:
     """Decodes, crops, resizes and flips a batch on ``device``; returns float32 ``(N, 3, size, size)`` on 0..255.
 
-    Must run on the stream the result is wanted on (the prefetcher's side stream). About 50 launches per group of
+    Must run on the stream the result is wanted on (the prefetcher's side stream). About 27 launches per group of
     similar crops, not per image (see the module's docstring); same pixels as :func:`decode_crop_resize_reference`
     up to fp16 rounding on the GPU (mean absolute difference below 0.05 of 255) and float rounding on the CPU.
 
@@ -463,22 +467,25 @@ def _crop_resize(
         offset = 0
         for k, i in enumerate(members):
             _, height, width = shapes[i]
+            top, left, crop_h, _ = boxes[i]
             at = shared[1][k] if shared else offset
-            rows.append((at, width, height * width, *boxes[i], samples[i].flip, i))
+            rows.append((at + top * width + left, width, height * width, crop_h - 1, i))
             offset += 3 * height * width
-        axes = np.array([_filter_axes(samples[i], shapes[i][1:], size) for i in members], dtype=np.float32)
-        blocks.append(axes.reshape(len(members), 3, 2).transpose(1, 2, 0).reshape(-1))  # lengths, scales, shifts
+        axes = np.array([_filter_axes(samples[i], shapes[i][1:], size) for i in members], dtype=np.float64)
+        flips = np.array([samples[i].flip for i in members], dtype=bool)
+        lengths, scales, shifts = axes.T.reshape(3, -1)  # each: the heights, then the widths
+        blocks.append(_filter_parameters(lengths, scales, shifts, np.concatenate([np.zeros_like(flips), flips]), size))
         taps.append(_taps(float(axes[:, 2:4].max())))
-    table_bytes = np.array(rows, dtype=np.int64).reshape(-1).view(np.uint8)
-    packed = np.concatenate([table_bytes, *(block.view(np.uint8) for block in blocks)])
+    table_bytes = np.array(rows, dtype=np.int64).T.reshape(-1).view(np.uint8)
+    packed = np.concatenate([table_bytes, *(block.reshape(-1).view(np.uint8) for block in blocks)])
     packed = _staged(torch.from_numpy(packed), device).to(device, non_blocking=True)  # page-locked, as the rest
-    table = packed[: table_bytes.size].view(torch.int64).view(-1, 9)
+    table = packed[: table_bytes.size].view(torch.int64).view(_SOURCE + 1, len(rows), 1, 1)
     parameters = packed[table_bytes.size :].view(torch.float32)
 
     start = 0
     for (members, padded_h, padded_w), group_taps, flat in zip(groups, taps, buffers, strict=True):
         stop = start + len(members)
-        meta = table[start:stop]
+        meta = table[:, start:stop].unbind(0)
         if gather == "strided":
             if flat is None:
                 # The group's images flattened end to end, plus room for the last rows' padded reads: one cat a
@@ -495,12 +502,13 @@ def _crop_resize(
                 crop = images[i][:, top : top + crop_h, left : left + crop_w]
                 crops[k, :crop_h, :, :crop_w].copy_(crop.transpose(0, 1))
         crops = crops.to(dtype)  # frees the uint8 copy
-        resized = _resize(crops, meta, parameters[6 * start : 6 * stop], size, group_taps)
+        filters = parameters[2 * len(_FILTER_ROWS) * start : 2 * len(_FILTER_ROWS) * stop]
+        resized = _resize(crops, filters.view(len(_FILTER_ROWS), -1, 1, 1), size, group_taps)
         del crops
         if in_order:
             out[start:stop].copy_(resized)  # the cast in the copy
         else:  # each crop into its sample's row (index_copy_ wants the destination's dtype: one group's cast)
-            out.index_copy_(0, meta[:, _SOURCE], resized.to(out.dtype))
+            out.index_copy_(0, meta[_SOURCE].view(-1), resized.to(out.dtype))
         del resized
         start = stop
     for i in outliers:
@@ -560,19 +568,31 @@ def _shared_buffer(images: list[torch.Tensor], padded_w: int) -> tuple[torch.Ten
     return base, offsets
 
 
-def _gather_strided(flat: torch.Tensor, meta: torch.Tensor, padded_h: int, padded_w: int) -> torch.Tensor:
-    """The crops of ``meta``'s rows as uint8 ``(n, padded_h, 3, padded_w)``, in one index op.
+def _gather_strided(flat: torch.Tensor, meta: Sequence[torch.Tensor], padded_h: int, padded_w: int) -> torch.Tensor:
+    """The crops of ``meta`` (the table's rows, ``(n, 1, 1)`` each) as uint8 ``(n, padded_h, 3, padded_w)``, in one
+    index op.
 
     ``flat.unfold(0, padded_w, 1)`` is a view whose row ``r`` is ``flat[r : r + padded_w]``, so one index per output
     row (its first element's offset in ``flat``) selects it. Rows past a crop's height repeat its last row; columns
     past its width read whatever follows in ``flat``: the resize weights there are zero, and any uint8 is finite.
     """
     windows = flat.unfold(0, padded_w, 1)
-    y = torch.arange(padded_h, device=flat.device)
-    y = torch.minimum(y, meta[:, _CROP_H, None] - 1)  # (n, padded_h)
-    first = meta[:, _OFFSET, None] + meta[:, _LEFT, None] + (meta[:, _TOP, None] + y) * meta[:, _WIDTH, None]
-    first = first[:, :, None] + torch.arange(3, device=flat.device) * meta[:, _PLANE, None, None]  # (n, padded_h, 3)
-    return windows[first]
+    y = torch.minimum(_arange(padded_h, flat.device, torch.int64).view(padded_h, 1), meta[_LAST_ROW])  # (n, Hp, 1)
+    first = torch.addcmul(meta[_START], y, meta[_WIDTH])  # the rows' starts in channel 0
+    return windows[torch.addcmul(first, _arange(3, flat.device, torch.int64), meta[_PLANE])]  # (n, Hp, 3) starts
+
+
+def _arange(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.arange(n)``, made once per device, stream and dtype: a launch fewer each time. Keyed by the stream
+    that made it, whose later work is ordered after the kernel that filled it."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (n, device, stream, dtype)
+    if key not in _ARANGES:
+        _ARANGES[key] = torch.arange(n, device=device, dtype=dtype)
+    return _ARANGES[key]
+
+
+_ARANGES: dict[tuple[int, torch.device, int, torch.dtype], torch.Tensor] = {}
 
 
 def _filter_axes(sample: Encoded, shape: Sequence[int], size: int) -> tuple[float, float, float, float, float, float]:
@@ -600,15 +620,13 @@ def _taps(max_scale: float) -> int:
     return math.ceil(2 * max(max_scale, 1.0)) + 3
 
 
-def _resize(crops: torch.Tensor, meta: torch.Tensor, parameters: torch.Tensor, size: int, taps: int) -> torch.Tensor:
+def _resize(crops: torch.Tensor, parameters: torch.Tensor, size: int, taps: int) -> torch.Tensor:
     """Antialiased bilinear resize of padded crops ``(n, Hp, 3, Wp)`` to ``(n, 3, size, size)`` (a permuted view),
-    flipping the flagged ones: ``Wy @ crop @ Wx^T`` as two batched matmuls. ``parameters``: float32 ``(6 n)``, the
-    box lengths, scales and shifts of :func:`_filter_axes`, each as all heights then all widths; ``taps``: at least
-    :func:`_taps` of the group's largest scale."""
+    flipping the flagged ones: ``Wy @ crop @ Wx^T`` as two batched matmuls. ``parameters``: :func:`_filter_parameters`
+    of the crops' heights, then their widths (those of flipped samples mirrored); ``taps``: at least :func:`_taps` of
+    the group's largest scale."""
     n, padded_h, _, padded_w = crops.shape
-    lengths, scale, shift = parameters.view(3, 2 * n)
-    mirror = F.pad(meta[:, _FLIP], (n, 0)).bool()  # the widths of flipped samples
-    weights = _filter_weights(lengths, scale, shift, mirror, size, max(padded_h, padded_w), crops.dtype, taps)
+    weights = _filter_weights(parameters, size, max(padded_h, padded_w), crops.dtype, taps)
     rows = weights[:n, :, :padded_h]  # (n, size, Hp)
     columns = weights[n:, :, :padded_w].transpose(1, 2)  # (n, Wp, size)
     half = torch.bmm(rows, crops.view(n, padded_h, 3 * padded_w))  # (n, size, 3 * Wp)
@@ -616,42 +634,51 @@ def _resize(crops: torch.Tensor, meta: torch.Tensor, parameters: torch.Tensor, s
     return out.view(n, size, 3, size).permute(0, 2, 1, 3)
 
 
-def _filter_weights(
-    lengths: torch.Tensor,
-    scale: torch.Tensor,
-    shift: torch.Tensor,
-    mirror: torch.Tensor,
-    size: int,
-    padded: int,
-    dtype: torch.dtype,
-    taps: int,
-) -> torch.Tensor:
-    """``(m, size, padded)`` weights of ``F.interpolate(mode="bilinear", antialias=True)`` on ``lengths[j]`` input
-    pixels, ``scale[j]`` input pixels per output and output ``i`` centered at ``(i + 0.5) * scale + shift`` (the input's
-    pixel ``x`` at ``x + 0.5``), zero past the input's length; row order reversed where ``mirror``. Computed in
-    float32, returned in ``dtype``.
+#: Rows of :func:`_filter_parameters`: output 0's center (as an input pixel's index: pixel ``x`` spans ``x .. x + 1``,
+#: its center ``x + 0.5``, minus that half), the step to the next output's (negative where mirrored), the filter's
+#: half-width plus one, minus its inverse, and the first and last input pixel of the box.
+_FILTER_ROWS = ("center0", "step", "reach", "neg_inverse", "lowest", "last")
+
+
+def _filter_parameters(
+    lengths: np.ndarray, scale: np.ndarray, shift: np.ndarray, mirror: np.ndarray, size: int
+) -> np.ndarray:
+    """The per-row parameters of :func:`_filter_weights`, computed on the host: float32 ``(6, m, 1, 1)``
+    (:data:`_FILTER_ROWS`), for ``lengths[j]`` input pixels, ``scale[j]`` input pixels per output and output ``i``
+    centered at ``(i + 0.5) * scale + shift`` (the input's pixel ``x`` at ``x + 0.5``); output order reversed where
+    ``mirror``."""
+    scale, shift = scale.astype(np.float64), shift.astype(np.float64)
+    support = np.maximum(scale, 1.0)  # the filter's half-width in input pixels
+    first = np.where(mirror, size - 0.5, 0.5)  # the first output's position, in outputs
+    rows = [shift + first * scale - 0.5, np.where(mirror, -scale, scale), support + 1.0, -1.0 / support]
+    rows += [np.zeros_like(scale), lengths.astype(np.float64) - 1.0]
+    return np.stack(rows).astype(np.float32).reshape(len(_FILTER_ROWS), -1, 1, 1)
+
+
+def _filter_weights(parameters: torch.Tensor, size: int, padded: int, dtype: torch.dtype, taps: int) -> torch.Tensor:
+    """``(m, size, padded)`` weights of ``F.interpolate(mode="bilinear", antialias=True)`` for the ``m`` rows of
+    ``parameters`` (:func:`_filter_parameters`), zero past each input's length. Computed in float32, returned in
+    ``dtype``.
 
     As in ATen's ``_upsample_bilinear2d_aa``: weight of input ``x`` ``max(0, 1 - |x + 0.5 - center| / max(scale, 1))``
-    over ``0 <= x < length``, normalized. A box resized whole has ``scale = length / size`` and ``shift = 0``.
+    over ``0 <= x < length``, normalized (multiplied by the inverse, as ATen does, rather than divided: its rounding).
+    A box resized whole has ``scale = length / size`` and ``shift = 0``.
 
     Only the ``taps`` pixels from just below each output's support on are computed (``(m, size, taps)``), then
     scattered into zeros. The dense ``(m, size, padded)`` float32 tensor this replaces, with its ten elementwise passes,
     was the stage's largest GPU cost: on an H200 its kernels took 0.97 ms a step in an nsys trace of fp16 eager
     ResNet-50 training, where the GPU is the step's limit; the whole stage's kernels went from 1.30 to 0.92 ms a batch
-    of 128 (bench/RESULTS.md, thirty-sixth session), for 11 more launches a group.
+    of 128 (bench/RESULTS.md, thirty-sixth session). The per-row values come from the host, so that a group's weights
+    are about 15 launches.
     """
-    steps = torch.arange(size, dtype=torch.float32, device=lengths.device)
-    steps = torch.where(mirror[:, None], size - 1 - steps, steps) + 0.5  # (m, size)
-    support = scale.clamp(min=1.0)  # the filter's half-width in input pixels
-    center = torch.addcmul(shift[:, None], steps, scale[:, None])  # (m, size), in input pixels
-    first = torch.floor(center - 0.5 - support[:, None]) - 1.0  # a pixel below the support's lower end
-    x = first[:, :, None] + torch.arange(taps, dtype=torch.float32, device=lengths.device)  # (m, size, taps)
-    inverse = 1.0 / support  # multiplied, as ATen does, rather than divided: its rounding
-    weights = (x + 0.5 - center[:, :, None]).abs_().mul_(inverse[:, None, None])  # the distance in half-widths
-    weights.neg_().add_(1.0).clamp_(min=0.0)  # the triangle
-    weights.masked_fill_((x < 0) | (x >= lengths[:, None, None]), 0.0)  # cut at the input's edges
+    center0, step, reach, neg_inverse, lowest, last = parameters.unbind(0)  # (m, 1, 1) each
+    device = parameters.device
+    center = torch.addcmul(center0, _arange(size, device, torch.float32).view(size, 1), step)  # (m, size, 1)
+    x = (center - reach).floor_() + _arange(taps, device, torch.float32)  # (m, size, taps): from a pixel below
+    weights = (x - center).abs_().mul_(neg_inverse).add_(1.0).clamp_(min=0.0)  # the triangle
+    inside = torch.clamp(x, lowest, last)
+    weights.masked_fill_(inside != x, 0.0)  # cut at the input's edges
     weights /= weights.sum(-1, keepdim=True)
-    # Taps outside the padded width weigh zero (past the input's length): clamped onto the edge, they add nothing.
-    index = x.clamp_(0, padded - 1).long()
-    dense = torch.zeros((len(lengths), size, padded), dtype=dtype, device=lengths.device)
-    return dense.scatter_add_(2, index, weights.to(dtype))
+    # Taps past the input's edges weigh zero: clamped onto the edge pixel (within the padded width), they add nothing.
+    dense = torch.zeros((parameters.shape[1], size, padded), dtype=dtype, device=device)
+    return dense.scatter_add_(2, inside.long(), weights.to(dtype))

@@ -275,7 +275,7 @@ def test_the_banded_filter_weights_are_the_dense_ones():
     """Only the taps near each output pixel are computed and scattered: the same weights as ATen's formula evaluated
     over every input pixel, for downscaling up to 12 input pixels an output, upscaling, shifted (validation) centers,
     mirrored rows and lengths short of the padded width."""
-    from gpu_decode import _filter_weights, _taps
+    from gpu_decode import _filter_parameters, _filter_weights, _taps
 
     generator = torch.Generator().manual_seed(0)
     size, padded = 40, 480
@@ -286,7 +286,10 @@ def test_the_banded_filter_weights_are_the_dense_ones():
     shift[32:] = torch.rand(32, generator=generator)  # center crops: outputs start off the box's start
     scale[32:] *= 0.8
     mirror = torch.arange(64) % 3 == 0
-    banded = _filter_weights(lengths, scale, shift, mirror, size, padded, torch.float32, _taps(scale.max().item()))
+    parameters = torch.from_numpy(
+        _filter_parameters(lengths.numpy(), scale.numpy(), shift.numpy(), mirror.numpy(), size)
+    )
+    banded = _filter_weights(parameters, size, padded, torch.float32, _taps(scale.max().item()))
 
     steps = torch.arange(size, dtype=torch.float32)
     steps = torch.where(mirror[:, None], size - 1 - steps, steps) + 0.5
@@ -413,6 +416,30 @@ def test_images_decoded_into_one_buffer_are_read_there_without_a_concatenation(m
     assert gpu_decode._shared_buffer([images[0], images[1]], 8) is None  # separately allocated
     transposed = views(spare=512)
     assert gpu_decode._shared_buffer([transposed[0].transpose(1, 2)], 8) is None  # not contiguous
+
+
+def test_the_batched_stage_makes_a_few_dozen_torch_calls_a_group(mixed_batch):
+    """Each torch call of the stage is a launch (or a view) on the producer thread and a hand-over of the GIL to and
+    from the training thread, whose launches wait meanwhile: the per-crop values come from the host table, so that a
+    group costs about 47 calls (94 for a batch of 128 in two groups; 188 before, thirty-seventh session)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    images, _ = gpu_decode._decode(mixed_batch, torch.device("cpu"))
+    out = torch.empty((len(mixed_batch), 3, SIZE, SIZE))
+
+    def calls(budget: int) -> list[str]:
+        gpu_decode._crop_resize(mixed_batch, images, out, budget, "strided", torch.float32)  # the cached aranges made
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            gpu_decode._crop_resize(mixed_batch, images, out, budget, "strided", torch.float32)
+        return [event.name for event in prof.events() if event.cpu_parent is None]
+
+    one_group = calls(10**9)
+    assert len(one_group) <= 52, one_group
+    assert "aten::arange" not in one_group and "aten::unsqueeze" not in one_group
+    budget = 60 * 60  # groups, and the per-image path for the larger crops (crop, cast, flip, interpolate, copy)
+    groups = _groups([sample.box for sample in mixed_batch if sample.box[2] * sample.box[3] <= budget], budget)
+    outliers = sum(sample.box[2] * sample.box[3] > budget for sample in mixed_batch)
+    assert len(groups) > 2 and len(calls(budget)) <= 52 * len(groups) + 12 * outliers
 
 
 def test_empty_batch_and_a_box_outside_its_image():
