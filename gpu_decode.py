@@ -191,8 +191,9 @@ def decode_crop_resize(
         size: Output side.
         max_padded_pixels: Bound of ``crops x padded height x padded width`` of one group of the batched resize; a
             crop larger than this alone is resized on its own (the per-image path). Default :data:`MAX_PADDED_PIXELS`.
-        gather: How the crops reach the padded tensor: ``strided`` (one concatenation and one index op) or ``copy``
-            (one copy per crop; kept for the benchmark's comparison).
+        gather: How the crops reach the padded tensor: ``strided`` (one index op a group, from nvJPEG's output
+            buffer or, for images decoded apart, a concatenation of them) or ``copy`` (one copy per crop; kept for
+            the benchmark's comparison).
         dtype: Of the padded crops and the matmuls: default float16 on CUDA (exact for 0..255; weights to 11 bits),
             float32 elsewhere.
         nvjpeg: Which binding of nvJPEG decodes on CUDA: ``torchvision`` (``decode_jpeg`` on the list) or
@@ -459,7 +460,7 @@ def _crop_resize(
 
     # One table of every batched crop's geometry, group after group, and the resize's float parameters, each group's
     # as one block (:func:`_resize` slices it without a copy): one host-to-device copy. Offsets count from the start of
-    # the crop's group: each group is flattened on its own.
+    # the buffer the group is read from: the decoder's (_shared_buffer), or the group's images concatenated.
     rows, blocks, taps, buffers = [], [], [], []
     for members, _, padded_w in groups:
         shared = _shared_buffer([images[i] for i in members], padded_w) if gather == "strided" else None
@@ -476,11 +477,12 @@ def _crop_resize(
         lengths, scales, shifts = axes.T.reshape(3, -1)  # each: the heights, then the widths
         blocks.append(_filter_parameters(lengths, scales, shifts, np.concatenate([np.zeros_like(flips), flips]), size))
         taps.append(_taps(float(axes[:, 2:4].max())))
-    table_bytes = np.array(rows, dtype=np.int64).T.reshape(-1).view(np.uint8)
-    packed = np.concatenate([table_bytes, *(block.reshape(-1).view(np.uint8) for block in blocks)])
-    packed = _staged(torch.from_numpy(packed), device).to(device, non_blocking=True)  # page-locked, as the rest
-    table = packed[: table_bytes.size].view(torch.int64).view(_SOURCE + 1, len(rows), 1, 1)
-    parameters = packed[table_bytes.size :].view(torch.float32)
+    if groups:  # (every crop an outlier: no table)
+        table_bytes = np.array(rows, dtype=np.int64).T.reshape(-1).view(np.uint8)
+        packed = np.concatenate([table_bytes, *(block.reshape(-1).view(np.uint8) for block in blocks)])
+        packed = _staged(torch.from_numpy(packed), device).to(device, non_blocking=True)  # page-locked, as the rest
+        table = packed[: table_bytes.size].view(torch.int64).view(_SOURCE + 1, len(rows), 1, 1)
+        parameters = packed[table_bytes.size :].view(torch.float32)
 
     start = 0
     for (members, padded_h, padded_w), group_taps, flat in zip(groups, taps, buffers, strict=True):
@@ -583,16 +585,23 @@ def _gather_strided(flat: torch.Tensor, meta: Sequence[torch.Tensor], padded_h: 
 
 
 def _arange(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``torch.arange(n)``, made once per device, stream and dtype: a launch fewer each time. Keyed by the stream
-    that made it, whose later work is ordered after the kernel that filled it."""
+    """``torch.arange(n)``, made once per length, device, stream and dtype: a launch fewer each time (a view of one
+    longer tensor would cost a slicing call instead). Keyed by the stream that made it, whose later work is ordered
+    after the kernel that filled it. The lengths are the groups' padded heights (multiples of 8), the taps and the
+    output size: a few hundred at most, a few KB each; past :data:`_ARANGES_KEPT` the cache starts again (a tensor
+    in use on its stream stays valid: its memory is reused only by that stream's later work)."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (n, device, stream, dtype)
-    if key not in _ARANGES:
-        _ARANGES[key] = torch.arange(n, device=device, dtype=dtype)
-    return _ARANGES[key]
+    cached = _ARANGES.get(key)
+    if cached is None:
+        if len(_ARANGES) >= _ARANGES_KEPT:
+            _ARANGES.clear()
+        cached = _ARANGES[key] = torch.arange(n, device=device, dtype=dtype)
+    return cached
 
 
 _ARANGES: dict[tuple[int, torch.device, int, torch.dtype], torch.Tensor] = {}
+_ARANGES_KEPT = 4096
 
 
 def _filter_axes(sample: Encoded, shape: Sequence[int], size: int) -> tuple[float, float, float, float, float, float]:
@@ -646,7 +655,7 @@ def _filter_parameters(
     """The per-row parameters of :func:`_filter_weights`, computed on the host: float32 ``(6, m, 1, 1)``
     (:data:`_FILTER_ROWS`), for ``lengths[j]`` input pixels, ``scale[j]`` input pixels per output and output ``i``
     centered at ``(i + 0.5) * scale + shift`` (the input's pixel ``x`` at ``x + 0.5``); output order reversed where
-    ``mirror``."""
+    ``mirror``. A box resized whole has ``scale = length / size`` and ``shift = 0``."""
     scale, shift = scale.astype(np.float64), shift.astype(np.float64)
     support = np.maximum(scale, 1.0)  # the filter's half-width in input pixels
     first = np.where(mirror, size - 0.5, 0.5)  # the first output's position, in outputs
@@ -662,14 +671,13 @@ def _filter_weights(parameters: torch.Tensor, size: int, padded: int, dtype: tor
 
     As in ATen's ``_upsample_bilinear2d_aa``: weight of input ``x`` ``max(0, 1 - |x + 0.5 - center| / max(scale, 1))``
     over ``0 <= x < length``, normalized (multiplied by the inverse, as ATen does, rather than divided: its rounding).
-    A box resized whole has ``scale = length / size`` and ``shift = 0``.
 
     Only the ``taps`` pixels from just below each output's support on are computed (``(m, size, taps)``), then
     scattered into zeros. The dense ``(m, size, padded)`` float32 tensor this replaces, with its ten elementwise passes,
     was the stage's largest GPU cost: on an H200 its kernels took 0.97 ms a step in an nsys trace of fp16 eager
     ResNet-50 training, where the GPU is the step's limit; the whole stage's kernels went from 1.30 to 0.92 ms a batch
     of 128 (bench/RESULTS.md, thirty-sixth session). The per-row values come from the host, so that a group's weights
-    are about 15 launches.
+    are about 18 launches.
     """
     center0, step, reach, neg_inverse, lowest, last = parameters.unbind(0)  # (m, 1, 1) each
     device = parameters.device

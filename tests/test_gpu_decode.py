@@ -414,6 +414,7 @@ def test_images_decoded_into_one_buffer_are_read_there_without_a_concatenation(m
         assert torch.equal(crop_resize(views(spare=0), budget), reference)
         assert bool(concatenations) == (budget == 10**9)
     assert gpu_decode._shared_buffer([images[0], images[1]], 8) is None  # separately allocated
+    assert gpu_decode._shared_buffer([views(spare=512)[0], views(spare=512)[1]], 8) is None  # views of two buffers
     transposed = views(spare=512)
     assert gpu_decode._shared_buffer([transposed[0].transpose(1, 2)], 8) is None  # not contiguous
 
@@ -440,6 +441,24 @@ def test_the_batched_stage_makes_a_few_dozen_torch_calls_a_group(mixed_batch):
     groups = _groups([sample.box for sample in mixed_batch if sample.box[2] * sample.box[3] <= budget], budget)
     outliers = sum(sample.box[2] * sample.box[3] > budget for sample in mixed_batch)
     assert len(groups) > 2 and len(calls(budget)) <= 52 * len(groups) + 12 * outliers
+
+
+def test_the_cached_aranges_are_aranges_and_their_number_is_bounded(monkeypatch):
+    monkeypatch.setattr(gpu_decode, "_ARANGES", {})
+    monkeypatch.setattr(gpu_decode, "_ARANGES_KEPT", 5)
+    cpu = torch.device("cpu")
+    first = gpu_decode._arange(8, cpu, torch.int64)
+    assert gpu_decode._arange(8, cpu, torch.int64) is first  # made once
+    for n in range(1, 20):
+        for dtype in (torch.int64, torch.float32):
+            assert torch.equal(gpu_decode._arange(n, cpu, dtype), torch.arange(n, dtype=dtype))
+            assert len(gpu_decode._ARANGES) <= 5
+
+
+def test_a_batch_of_outliers_only_takes_the_per_image_path(mixed_batch):
+    reference = decode_crop_resize_reference(mixed_batch, torch.device("cpu"), SIZE)
+    out = decode_crop_resize(mixed_batch, torch.device("cpu"), SIZE, max_padded_pixels=0)  # no group, no table
+    torch.testing.assert_close(out, reference, atol=1e-4, rtol=0)
 
 
 def test_empty_batch_and_a_box_outside_its_image():
