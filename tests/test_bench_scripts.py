@@ -1,5 +1,6 @@
 """bench/ scripts without a GPU: the step clock and host_overhead.py's warm-up, gpu_session.sh's compile-mode suffix
-and log summary, pil_decode_rate.py's statistic in one process and in several, make_jpeg_folder.py's defaults."""
+and log summary, pil_decode_rate.py's statistic in one process and in several, make_jpeg_folder.py's defaults,
+nvjpeg_formats.py's checks and buffer layout."""
 
 from __future__ import annotations
 
@@ -298,6 +299,48 @@ def test_decode_bench_refuses_counts_it_cannot_time(bench_script, capsys, argv, 
     with pytest.raises(SystemExit):
         bench_script("decode_bench").parse(["--data", "/unused", *argv])
     assert said in capsys.readouterr().err
+
+
+def jpeg_folder(root: Path, count: int) -> Path:
+    from PIL import Image
+
+    for k in range(count):
+        (root / "train" / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (40 + k, 30), (k, 2 * k, 3 * k)).save(root / "train" / f"c{k % 2}" / f"{k}.JPEG")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--formats", "rgb,bgr,nv12"], "--formats: unknown 'bgr', 'nv12'; valid: rgb, rgbi, yuv"),
+        (["--count", "0"], "--count and --calls must be at least 1, got 0 and 10"),
+        (["--calls", "0"], "--count and --calls must be at least 1, got 128 and 0"),
+        (["--count", "5"], "holds 4 files in class folders, --count wants 5"),
+    ],
+)
+def test_nvjpeg_formats_refuses_what_it_cannot_run(bench_script, capsys, tmp_path, argv, said) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench_script("nvjpeg_formats").parse(["--data", str(jpeg_folder(tmp_path, 4)), *argv])
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_nvjpeg_formats_lays_out_each_format_in_one_buffer(bench_script) -> None:
+    layout = bench_script("nvjpeg_formats").layout
+    sizes = [(3, 5), (2, 7)]
+    assert layout(sizes, "rgb") == (87, [[(0, 5), (15, 5), (30, 5)], [(45, 7), (59, 7), (73, 7)]])
+    assert layout(sizes, "yuv") == layout(sizes, "rgb")
+    assert layout(sizes, "rgbi") == (87, [[(0, 15)], [(45, 21)]])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only exit")
+def test_nvjpeg_formats_says_it_needs_a_gpu(tmp_path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "nvjpeg_formats.py"), "--data", str(jpeg_folder(tmp_path, 4)),
+         "--count", "4"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1 and "needs a CUDA GPU" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only exit")
