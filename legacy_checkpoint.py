@@ -429,8 +429,8 @@ def build_checkpoint(legacy: LegacyCheckpoint, model: Any, datamodule: Any, trai
         model.trainer = None
     # The trainer has no data module before fit: the class names (checked when the checkpoint is evaluated or resumed
     # on other data) come from the run's own.
-    if datamodule.class_names is not None:
-        checkpoint["class_names"] = datamodule.class_names
+    if (class_names := datamodule.class_names) is not None:
+        checkpoint["class_names"] = class_names
     checkpoint[RECORD_KEY] = {
         "source": str(legacy.path),
         "epoch": legacy.epoch,

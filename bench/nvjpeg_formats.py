@@ -46,7 +46,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [name for name in a.formats if name not in FORMATS]
     if unknown:
         p.error(f"--formats: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(FORMATS)}")
-    a.files = sorted(path for path in Path(a.data, "train").glob("*/*") if path.is_file())
+    sys.path.insert(0, str(ROOT))
+    from resize_dataset import image_files  # the training images as the app's dataset finds them
+
+    a.files = [Path(a.data) / name for name in image_files(Path(a.data), ("train",))]
     if len(a.files) < a.count:
         p.error(f"--data: {Path(a.data, 'train')} holds {len(a.files)} files in class folders, --count wants {a.count}")
     return a
@@ -71,8 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    sys.path.insert(0, str(ROOT))
-    import nvjpeg_batched as nb
+    import nvjpeg_batched as nb  # ROOT is on the path since parse
 
     if not torch.cuda.is_available():
         sys.exit("nvjpeg_formats.py: needs a CUDA GPU with nvJPEG's hardware decoder (A100, H100, H200)")
