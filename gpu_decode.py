@@ -34,10 +34,16 @@ the dataset is mounted, so runs stay reproducible. A collated batch (:class:`Pac
 and the encoded files after them, targets in the same order; the order within a batch does not matter to training or
 metrics.
 
-The crop, resize and flip of a batch are a fixed handful of launches a group of crops (below), not a few per image:
-the per-image loop it replaces (crop, cast, flip, ``F.interpolate`` per sample, ~6 ops each, ~1,500 per batch of 256)
-held the GIL on the prefetcher's producer thread against the training thread's own launches. Now
-(:func:`decode_crop_resize`):
+The crop, resize and flip of a batch are one launch on CUDA: :mod:`gpu_crop_kernel`'s Triton kernel computes each
+output pixel straight from the decoded images with the same antialiased filter (:data:`CROP_KERNEL`). The per-image
+loop of the first sessions (crop, cast, flip, ``F.interpolate`` per sample, ~6 ops each, ~1,500 per batch of 256)
+held the GIL on the prefetcher's producer thread against the training thread's own launches; the batched torch ops
+that replaced it, a fixed handful of launches a group of crops, still made 94 torch calls a batch of 128. Against
+those, on an H200 the kernel's GPU time is 0.53 instead of 0.83 ms a batch of 128, the call's host time (the host
+otherwise idle) 1.0 instead of 2.8-3.2 ms, the stage's peak memory 59 instead of 221 MiB, and its pixels are float32
+throughout (bench/RESULTS.md, thirty-eighth session). Where Triton cannot run (no GPU, no C compiler for its
+launcher), and for
+``data.decode: gpu`` on the CPU, the batched torch ops do it (:func:`decode_crop_resize`):
 
 1. gather: the crops of a group (below), padded to the group's largest, into one uint8 ``(n, Hp, 3, Wp)`` tensor.
    One index op reads row ``y`` of channel ``c`` of crop ``i`` from a sliding-window view of one flat buffer of the
@@ -74,6 +80,7 @@ import torch
 import torch.nn.functional as F
 
 import buffer_release
+import gpu_crop_kernel
 from encoded_batch import Encoded, PackedBatch
 
 try:  # one C++ call (no GIL held) that flattens and concatenates a list of tensors, as DDP's bucketing does
@@ -102,6 +109,11 @@ DECODE_STREAM_PRIORITY = -1
 #: instead of one group of 56 M (the whole batch padded to its largest crop), for about 47 more torch calls (27 kernel
 #: launches) a group.
 MAX_PADDED_PIXELS = 64 * 512 * 512
+
+#: What crops, resizes and flips a batch on CUDA: ``triton``, :mod:`gpu_crop_kernel`'s one launch a batch (the
+#: torch ops where Triton cannot run), or ``torch``, the batched torch ops below (about 47 a group of crops). Read at
+#: each call: ``bench/throughput.py``'s ``+torchcrop`` rows set it.
+CROP_KERNEL = "triton"
 
 # Rows of the per-crop table (one column a crop) that the batched path copies to the device in one transfer, with the
 # filter parameters (:func:`_filter_parameters`): where the crop's first row starts in its flat buffer (channel 0), the
@@ -181,21 +193,24 @@ def decode_crop_resize(
 ) -> torch.Tensor:
     """Decodes, crops, resizes and flips a batch on ``device``; returns float32 ``(N, 3, size, size)`` on 0..255.
 
-    Must run on the stream the result is wanted on (the prefetcher's side stream). About 27 launches per group of
-    similar crops, not per image (see the module's docstring); same pixels as :func:`decode_crop_resize_reference`
-    up to fp16 rounding on the GPU (mean absolute difference below 0.05 of 255) and float rounding on the CPU.
+    Must run on the stream the result is wanted on (the prefetcher's side stream). On CUDA one launch of
+    :mod:`gpu_crop_kernel` (with :data:`CROP_KERNEL` ``triton`` and ``gather="strided"``), else about 27 launches per
+    group of similar crops (see the module's docstring); same pixels as :func:`decode_crop_resize_reference` up to
+    float rounding (mean absolute difference 1e-4 of 255), or, with the torch ops on the GPU, fp16 rounding (below
+    0.05).
 
     Args:
         samples: The batch, as :class:`EncodedSampleLoader` made it.
         device: Where to decode and resize.
         size: Output side.
-        max_padded_pixels: Bound of ``crops x padded height x padded width`` of one group of the batched resize; a
-            crop larger than this alone is resized on its own (the per-image path). Default :data:`MAX_PADDED_PIXELS`.
+        max_padded_pixels: Bound of ``crops x padded height x padded width`` of one group of the batched torch ops;
+            a crop larger than this alone is resized on its own (the per-image path). Default
+            :data:`MAX_PADDED_PIXELS`. (The fused kernel pads nothing.)
         gather: How the crops reach the padded tensor: ``strided`` (one index op a group, from nvJPEG's output
             buffer or, for images decoded apart, a concatenation of them) or ``copy`` (one copy per crop; kept for
             the benchmark's comparison).
-        dtype: Of the padded crops and the matmuls: default float16 on CUDA (exact for 0..255; weights to 11 bits),
-            float32 elsewhere.
+        dtype: Of the torch ops' padded crops and matmuls: default float16 on CUDA (exact for 0..255; weights to 11
+            bits), float32 elsewhere. (The fused kernel computes in float32.)
         nvjpeg: Which binding of nvJPEG decodes on CUDA: ``torchvision`` (``decode_jpeg`` on the list) or
             ``preallocated`` (:mod:`nvjpeg_batched`: buffers sized once, see ``data.nvjpeg``).
         capacity: The most JPEGs a call of this run may bring (the batch size), for ``preallocated``; at least this
@@ -452,6 +467,13 @@ def _crop_resize(
                 f"sample {i}: a {size}x{size} crop at (top, left) = {resize[2:]} does not fit its image resized to "
                 f"{resize[1]}x{resize[0]}"
             )
+    if (
+        gather == "strided"
+        and device.type == "cuda"
+        and CROP_KERNEL == "triton"
+        and _crop_resize_fused(samples, images, out)
+    ):
+        return out
     batched = [i for i, box in enumerate(boxes) if box[2] * box[3] <= max_padded_pixels]
     outliers = [i for i, box in enumerate(boxes) if box[2] * box[3] > max_padded_pixels] if len(batched) < count else []
     grouped = _groups([boxes[i] for i in batched], max_padded_pixels)
@@ -516,6 +538,54 @@ def _crop_resize(
     for i in outliers:
         out[i] = _resize_one(images[i], samples[i], size)
     return out
+
+
+def _crop_resize_fused(samples: list[Encoded], images: list[torch.Tensor], out: torch.Tensor) -> bool:
+    """The whole batch's crops resized into ``out`` by :mod:`gpu_crop_kernel`'s one launch; False (once warned) where
+    Triton cannot run here: then the torch path does it. The kernel reads the decoded images where nvJPEG's batched
+    decoder wrote them (one buffer), else from one concatenation of them."""
+    global _FUSED_STATE
+    if _FUSED_STATE == "failed" or not gpu_crop_kernel.AVAILABLE:
+        return False
+    shapes = [image.shape for image in images]
+    shared = _shared_buffer(images, 0)
+    if shared is None:
+        flat = _flatten_dense_tensors(images)
+        offsets = np.cumsum([0] + [image.numel() for image in images[:-1]]).tolist()
+    else:
+        flat, offsets = shared
+    size = out.shape[-1]
+    rows, axes = [], []
+    for i, (sample, (_, height, width), at) in enumerate(zip(samples, shapes, offsets, strict=True)):
+        top, left, box_h, box_w = sample.box
+        rows.append((at + top * width + left, width, height * width, box_h, box_w, 0, 0, sample.flip, i))
+        axes.append(_filter_axes(sample, (height, width), size))
+    table, scales = np.array(rows, dtype=np.int64), np.array(axes, dtype=np.float64)
+    table[:, 5], table[:, 6] = gpu_crop_kernel.taps(scales[:, 2]), gpu_crop_kernel.taps(scales[:, 3])
+    parameters = scales[:, [2, 4, 3, 5]].astype(np.float32)  # scale and shift along y, then x
+    packed = np.concatenate([table.reshape(-1).view(np.uint8), parameters.reshape(-1).view(np.uint8)])
+    packed = _staged(torch.from_numpy(packed), out.device).to(out.device, non_blocking=True)  # one page-locked copy
+    device_table = packed[: table.nbytes].view(torch.int64).view(table.shape)
+    device_parameters = packed[table.nbytes :].view(torch.float32).view(parameters.shape)
+    if _FUSED_STATE == "verified":
+        gpu_crop_kernel.launch(flat, device_table, device_parameters, out)
+        return True
+    try:  # the first launch compiles the kernel (and Triton's launcher, with the host's C compiler)
+        gpu_crop_kernel.launch(flat, device_table, device_parameters, out)
+    except Exception as error:  # noqa: BLE001 - any failure to build the kernel leaves the torch path
+        _FUSED_STATE = "failed"
+        warnings.warn(
+            f"the fused crop kernel (gpu_crop_kernel.py, Triton) cannot run here ({type(error).__name__}: "
+            f"{str(error)[:300]}); the GPU path crops with its torch ops instead (about 94 launches a batch of 128)",
+            stacklevel=4,
+        )
+        return False
+    _FUSED_STATE = "verified"
+    return True
+
+
+#: "unknown" until the fused kernel's first launch, then "verified" or "failed" (the torch path from then on).
+_FUSED_STATE = "unknown"
 
 
 def _round8(value: int) -> int:

@@ -10,18 +10,21 @@ prefetcher does, ``--iters`` times after ``--warmup`` untimed ones, between two 
 
     decode                 torchvision.io.decode_jpeg on the batch's list of JPEGs (one batched nvJPEG call)
     decode + per-image     gpu_decode.decode_crop_resize_reference: a Python loop of ~6 ops per image
-    decode + batched       gpu_decode.decode_crop_resize: per group of similar crops one gather, two batched matmuls,
-                           the flip in the weights
-    decode + batched/copy  the same with one copy per crop into the padded tensor instead of the strided gather
-    decode + batched/fp32  the same in float32 instead of float16 (the default on CUDA)
-    ... max_padded_pixels  the batched stage with another bound on one group's padded crops (--budgets): smaller
+    decode + fused         gpu_decode.decode_crop_resize as the app runs it on CUDA: gpu_crop_kernel.py's one Triton
+                           launch a batch (on the CPU the torch ops below)
+    decode + batched       the same with its torch ops (gpu_decode.CROP_KERNEL = torch): per group of similar crops
+                           one gather, two batched matmuls, the flip in the weights
+    decode + batched/copy  the torch ops with one copy per crop into the padded tensor instead of the strided gather
+    decode + batched/fp32  the torch ops in float32 instead of float16 (the default on CUDA)
+    ... max_padded_pixels  the torch ops with another bound on one group's padded crops (--budgets): smaller
                            groups of similar crops pad less and hold less memory, for a few more launches
     ... + busy thread      the same while another thread launches small kernels in a loop, as the training thread
                            does: how much the stage suffers from (and takes from) a thread competing for the GIL
 
 ``busy launch/s`` is what the busy thread achieved during the row (alone, before any row, it is printed above the
 table); ``peak MiB`` is the most memory the row allocated beyond what was allocated before it. The mean and largest
-absolute difference between the per-image and the batched output of the same batch (0..255 scale) follow the table.
+absolute difference between the per-image output and each other one of the same batch (0..255 scale) follow the
+table.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import gpu_decode  # noqa: E402
 from encoded_batch import Encoded, EncodedSampleLoader  # noqa: E402
 from gpu_decode import decode_crop_resize, decode_crop_resize_reference  # noqa: E402
 from image_loading import ImageLoader, min_decode_side  # noqa: E402
@@ -199,20 +203,40 @@ def main(argv: list[str] | None = None) -> None:
     def jpegs(batch: list[Encoded]) -> int:
         return sum(s.encoded for s in batch)
 
+    def torch_ops(stage: Callable[[list[Encoded]], torch.Tensor]) -> Callable[[list[Encoded]], torch.Tensor]:
+        """``stage`` with the crop's batched torch ops instead of the fused kernel."""
+
+        def run(batch: list[Encoded]) -> torch.Tensor:
+            previous, gpu_decode.CROP_KERNEL = gpu_decode.CROP_KERNEL, "torch"
+            try:
+                return stage(batch)
+            finally:
+                gpu_decode.CROP_KERNEL = previous
+
+        return run
+
     alone = "decode (nvJPEG batched) alone" + ("" if encoded == total else ", img/s of the JPEGs it decodes")
     rows: list[tuple[str, Callable[[list[Encoded]], object], bool]] = [
         ("decode + per-image loop (old)", lambda b: decode_crop_resize_reference(b, device, a.size), False),
         ("decode + per-image loop, busy thread", lambda b: decode_crop_resize_reference(b, device, a.size), True),
-        ("decode + batched (new)", lambda b: decode_crop_resize(b, device, a.size), False),
-        ("decode + batched, busy thread", lambda b: decode_crop_resize(b, device, a.size), True),
+        ("decode + fused kernel", lambda b: decode_crop_resize(b, device, a.size), False),
+        ("decode + fused kernel, busy thread", lambda b: decode_crop_resize(b, device, a.size), True),
+        ("decode + batched torch ops", torch_ops(lambda b: decode_crop_resize(b, device, a.size)), False),
+        ("decode + batched torch ops, busy thread", torch_ops(lambda b: decode_crop_resize(b, device, a.size)), True),
         ("decode + batched, gather=copy", lambda b: decode_crop_resize(b, device, a.size, gather="copy"), False),
-        ("decode + batched, float32", lambda b: decode_crop_resize(b, device, a.size, dtype=torch.float32), False),
+        (
+            "decode + batched, float32",
+            torch_ops(lambda b: decode_crop_resize(b, device, a.size, dtype=torch.float32)),
+            False,
+        ),
     ]
     for budget in a.budget_blocks:
         rows.append(
             (
                 f"decode + batched, max_padded_pixels {budget} x 512^2",
-                lambda b, budget=budget: decode_crop_resize(b, device, a.size, max_padded_pixels=budget * 512 * 512),
+                torch_ops(
+                    lambda b, budget=budget: decode_crop_resize(b, device, a.size, max_padded_pixels=budget * 512**2)
+                ),
                 False,
             )
         )
@@ -232,12 +256,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {label} | {r['img/s']:,.0f} | {r['ms/batch']:.2f} | {busy_s} | {peak} |", flush=True)
 
     old = decode_crop_resize_reference(batches[0], device, a.size)
-    new = decode_crop_resize(batches[0], device, a.size)
+    fused = decode_crop_resize(batches[0], device, a.size)
+    new = torch_ops(lambda b: decode_crop_resize(b, device, a.size))(batches[0])
     copied = decode_crop_resize(batches[0], device, a.size, gather="copy")
-    wide = decode_crop_resize(batches[0], device, a.size, dtype=torch.float32)
+    wide = torch_ops(lambda b: decode_crop_resize(b, device, a.size, dtype=torch.float32))(batches[0])
     print()
     default = "float16" if device.type == "cuda" else "float32"
-    for label, out in ((f"batched ({default})", new), ("batched, gather=copy", copied), ("batched, float32", wide)):
+    outputs = [("fused kernel" if device.type == "cuda" else "fused kernel (the torch ops on the CPU)", fused)]
+    outputs += [(f"batched ({default})", new), ("batched, gather=copy", copied), ("batched, float32", wide)]
+    for label, out in outputs:
         diff = (out - old).abs()
         print(f"per-image vs {label}: mean abs diff {diff.mean().item():.4f}, max {diff.max().item():.3f} (0..255)")
 

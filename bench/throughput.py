@@ -42,6 +42,9 @@ Variants:
     APP_VARIANT+threads=N  an app_folder_gpu variant with data.decode_threads=N: N threads decode batches at once
                    (producer_threads.py), e.g. app_folder_gpu_preallocated_tv@0.5:reduce-overhead+threads=2; on any
                    GPU count
+    APP_VARIANT+torchcrop  an app_folder_gpu variant whose GPU crop, resize and flip run as batched torch ops (about 47
+                   a group of crops; gpu_decode.CROP_KERNEL = torch) instead of gpu_crop_kernel.py's one Triton launch
+                   a batch, e.g. app_folder_gpu_preallocated_tv@0.5+torchcrop next to app_folder_gpu_preallocated_tv@0.5
     APP_VARIANT+OPTION[+OPTION]  an app variant with options of torch's DistributedDataParallel (under DDP only):
                    +bucket_view (gradient_as_bucket_view: gradients are views into the all-reduce buckets, no copy),
                    +static_graph, +bucket_mb=N (bucket_cap_mb, torch's default 25), e.g. app_synthetic+bucket_view;
@@ -142,16 +145,16 @@ def ddp_options(variant: str) -> tuple[str, dict]:
     """``app_synthetic+bucket_view+bucket_mb=50`` -> ``("app_synthetic", {"gradient_as_bucket_view": True,
     "bucket_cap_mb": 50.0})``: the variant without its DDP options, and the keyword arguments for torch's DDP.
     A compile mode stays with the variant (``app_synthetic:reduce-overhead+bucket_view`` ->
-    ``app_synthetic:reduce-overhead``): it comes before the options; so does ``+threads=N``
-    (:func:`decode_threads`), which is no DDP option."""
+    ``app_synthetic:reduce-overhead``): it comes before the options; so do ``+threads=N`` (:func:`decode_threads`)
+    and ``+torchcrop`` (:func:`crop_kernel`), which are no DDP options."""
     variant, *options = variant.split("+")
     if options and not variant.startswith("app_"):
         raise ValueError(f"options {'+'.join(options)!r}: only app variants take them, not {variant!r}")
     kwargs: dict = {}
     for option in options:
         key, eq, value = option.partition("=")
-        if key == "threads":
-            variant += "+" + option  # checked by decode_threads
+        if key == "threads" or option == "torchcrop":
+            variant += "+" + option  # checked by decode_threads, crop_kernel
         elif option == "bucket_view":
             kwargs["gradient_as_bucket_view"] = True
         elif option == "static_graph":
@@ -182,6 +185,18 @@ def decode_threads(variant: str) -> tuple[str, int]:
     return "+".join([head, *rest]), int(counts[0])
 
 
+def crop_kernel(variant: str) -> tuple[str, str]:
+    """``app_folder_gpu@0.5+torchcrop+threads=2`` -> ``("app_folder_gpu@0.5+threads=2", "torch")``: the variant
+    without ``+torchcrop`` and its ``gpu_decode.CROP_KERNEL`` (``triton``, the default, without one). Only
+    ``app_folder_gpu`` variants take it, once."""
+    head, *options = variant.split("+")
+    if "torchcrop" not in options:
+        return variant, "triton"
+    if options.count("torchcrop") > 1 or not head.startswith("app_folder_gpu"):
+        raise ValueError(f"variant {variant!r}: +torchcrop (the GPU crop's torch ops) applies once to app_folder_gpu")
+    return "+".join([head, *(option for option in options if option != "torchcrop")]), "torch"
+
+
 def compile_mode(variant: str) -> tuple[str, str | None]:
     """``app_folder_gpu@0.85:reduce-overhead+bucket_view`` -> ``("app_folder_gpu@0.85+bucket_view",
     "reduce-overhead")``: the variant without its torch.compile mode, and the mode (None without a ``:MODE``
@@ -209,9 +224,9 @@ def compile_mode(variant: str) -> tuple[str, str | None]:
 
 def split_variant(variant: str) -> tuple[str, float]:
     """``app_folder_gpu@0.7`` -> ``("app_folder_gpu", 0.7)``; any other variant has a CPU decode share of 0.
-    Options after ``+`` (``ddp_options``, ``decode_threads``) and a compile mode after ``:`` (``compile_mode``) are
-    checked and left out."""
-    name, at, share = compile_mode(decode_threads(ddp_options(variant)[0])[0])[0].partition("@")
+    Options after ``+`` (``ddp_options``, ``decode_threads``, ``crop_kernel``) and a compile mode after ``:``
+    (``compile_mode``) are checked and left out."""
+    name, at, share = compile_mode(decode_threads(crop_kernel(ddp_options(variant)[0])[0])[0])[0].partition("@")
     if name not in VARIANTS or (at and not name.startswith("app_folder_gpu")):
         raise ValueError(
             f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}, "
@@ -526,6 +541,10 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         import gpu_decode
 
         gpu_decode._staged = lambda host, device: host  # the copy from the worker's (pageable) buffer, as it was
+    if crop_kernel(variant)[1] != "triton":
+        import gpu_decode
+
+        gpu_decode.CROP_KERNEL = crop_kernel(variant)[1]
     if name.endswith("_onegroup"):
         import gpu_decode
 

@@ -301,6 +301,18 @@ def test_compile_modes_are_those_of_the_classifier(throughput) -> None:
     assert throughput.COMPILE_MODES == typing.get_args(literal)
 
 
+def test_a_torchcrop_option_sets_the_crop_kernel_of_a_gpu_decode_row(throughput) -> None:
+    variant = "app_folder_gpu_preallocated_tv@0.5+torchcrop+threads=2"
+    assert throughput.crop_kernel(variant) == ("app_folder_gpu_preallocated_tv@0.5+threads=2", "torch")
+    assert throughput.crop_kernel("app_folder_gpu@0.5") == ("app_folder_gpu@0.5", "triton")
+    assert throughput.ddp_options(variant) == (variant, {})  # no DDP option: its own row on one GPU too
+    assert throughput.split_variant(variant) == ("app_folder_gpu_preallocated_tv", 0.5)
+    assert throughput.decode_threads(throughput.crop_kernel(variant)[0])[1] == 2
+    for bad in ("app_folder+torchcrop", "app_synthetic+torchcrop", "app_folder_gpu+torchcrop+torchcrop"):
+        with pytest.raises(ValueError, match="torchcrop.*applies once to app_folder_gpu"):
+            throughput.split_variant(bad)
+
+
 def test_compile_mode_suffixes_parse_with_share_and_ddp_options(throughput) -> None:
     assert throughput.compile_mode("app_synthetic") == ("app_synthetic", None)
     assert throughput.compile_mode("raw") == ("raw", None)
