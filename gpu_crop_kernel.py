@@ -5,8 +5,9 @@
 thread, whose own launches wait meanwhile. On an H200 under fp16 eager ResNet-50 training those calls took 14 ms of the
 producer's CPU a batch (bench/RESULTS.md, thirty-seventh session), on a machine where the host was the step's limit.
 Here the batch is one launch: each program computes a tile of one crop's output pixels straight from the decoded
-images (nvJPEG's output buffer, read where it is), with no padded copy of the crops, no weight matrices in memory and
-no groups.
+images, with no padded copy of the crops, no weight matrices in memory and no groups. With ``data.nvjpeg:
+preallocated`` the images are read where nvJPEG wrote them (one buffer); separately allocated ones (torchvision's
+binding, pixels the workers decoded) are concatenated first.
 
 Each output pixel is ATen's ``_upsample_bilinear2d_aa`` (``F.interpolate(mode="bilinear", antialias=True)``, what
 ``transforms.RandomResizedCrop`` runs on tensors): along each axis, input pixel ``x`` of the box weighs
@@ -28,6 +29,7 @@ GPU.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -39,10 +41,10 @@ try:
 except ImportError:  # pragma: no cover - Triton ships with torch's Linux CUDA wheels
     triton = None
 
-#: Columns of the integer table, one row a crop: where the crop's first pixel of channel 0 is in the flat buffer, the
-#: image's row stride (its width) and plane (height x width), the box's height and width, the taps computed along each
-#: axis, whether the output is mirrored, and which row of the output the crop is written to.
-INT_COLUMNS = ("start", "width", "plane", "box_h", "box_w", "taps_y", "taps_x", "flip", "source")
+#: Columns of the integer table, one row a crop (crop ``i`` goes to row ``i`` of the output): where the crop's first
+#: pixel of channel 0 is in the flat buffer, the image's row stride (its width) and plane (height x width), the box's
+#: height and width, the taps computed along each axis, and whether the output is mirrored.
+INT_COLUMNS = ("start", "width", "plane", "box_h", "box_w", "taps_y", "taps_x", "flip")
 #: Columns of the float table: input pixels an output and the shift of output 0's center, along y then x (as
 #: :func:`gpu_decode._filter_axes` gives them).
 FLOAT_COLUMNS = ("scale_y", "shift_y", "scale_x", "shift_x")
@@ -69,7 +71,11 @@ def launch(flat: torch.Tensor, table: torch.Tensor, parameters: torch.Tensor, ou
         flat: uint8, 1-D: the decoded images, each ``(3, H, W)`` contiguous somewhere in it.
         table: int64 ``(n, len(INT_COLUMNS))`` on ``out``'s device.
         parameters: float32 ``(n, len(FLOAT_COLUMNS))`` on ``out``'s device.
-        out: float32 ``(N, 3, size, size)``, any strides (the batch in the model's memory format).
+        out: float32 ``(n, 3, size, size)``, any strides (the batch in the model's memory format).
+
+    Triton launches on the current device's current stream: the call makes ``out``'s device current (the prefetcher's
+    side stream is the current stream of that device on its thread). Triton specializes a kernel on its pointers'
+    16-byte alignment, so a table and parameters that are sometimes aligned and sometimes not compile it twice.
     """
     if triton is None:  # pragma: no cover
         raise RuntimeError("Triton is not installed: the fused crop kernel cannot run")
@@ -77,7 +83,8 @@ def launch(flat: torch.Tensor, table: torch.Tensor, parameters: torch.Tensor, ou
     if count == 0:
         return
     grid = (count, triton.cdiv(size, BLOCK_Y) * triton.cdiv(size, BLOCK_X))
-    with _lock:
+    on_device = torch.cuda.device(out.device) if out.is_cuda else contextlib.nullcontext()
+    with _lock, on_device:
         _crop_resize_kernel[grid](
             flat, table, parameters, out, *out.stride(), size,
             INT_COLUMNS=len(INT_COLUMNS), FLOAT_COLUMNS=len(FLOAT_COLUMNS), BLOCK_Y=BLOCK_Y, BLOCK_X=BLOCK_X,
@@ -110,7 +117,9 @@ if triton is not None:
     ):
         crop = tl.program_id(0)
         tile = tl.program_id(1)
-        tiles_x = (size + BLOCK_X - 1) // BLOCK_X  # (not tl.cdiv: the tests interpret this kernel, not that one)
+        # Not tl.cdiv nor tl.zeros: those are jitted helpers, which the tests' interpreted copy of this module would
+        # call as compiled ones (Triton reads TRITON_INTERPRET when it decorates, and it decorated them at its import).
+        tiles_x = (size + BLOCK_X - 1) // BLOCK_X
         row = table + crop * INT_COLUMNS
         start = tl.load(row + 0)
         width = tl.load(row + 1)
@@ -120,7 +129,6 @@ if triton is not None:
         taps_y = tl.load(row + 5)
         taps_x = tl.load(row + 6)
         flip = tl.load(row + 7)
-        source = tl.load(row + 8)
         scale_y = tl.load(parameters + crop * FLOAT_COLUMNS + 0)
         shift_y = tl.load(parameters + crop * FLOAT_COLUMNS + 1)
         scale_x = tl.load(parameters + crop * FLOAT_COLUMNS + 2)
@@ -168,7 +176,7 @@ if triton is not None:
         # (Past the output's edge a tile's lanes may weigh nothing: no division by zero there, they are not stored.)
         scale = 1.0 / tl.maximum(total_y[:, None] * total_x[None, :], 1e-30)
         inside = (out_y < size)[:, None] & (out_x < size)[None, :]
-        at = out + source * stride_n + out_y[:, None] * stride_h + out_x[None, :] * stride_w
+        at = out + crop.to(tl.int64) * stride_n + out_y[:, None] * stride_h + out_x[None, :] * stride_w
         tl.store(at, red * scale, mask=inside)
         tl.store(at + stride_c, green * scale, mask=inside)
         tl.store(at + 2 * stride_c, blue * scale, mask=inside)

@@ -15,10 +15,10 @@ Validation uses the same stage, exactly: ``Resize(s) + CenterCrop(c)`` of torchv
 whole image to the size ``Resize`` computes, of which the crop keeps ``c x c`` pixels at the offset ``CenterCrop``
 rounds to. The resize is separable, so those output pixels read only a window of the source (each output pixel's
 filter support, cut at the image's edges): the workers send that window as the box, with the resized size and the
-crop's offset in it (:attr:`Encoded.resize`), and the weights of the same matmuls are those of the whole-image resize
-at those rows and columns. On the CPU the result equals torchvision's ``Resize`` + ``CenterCrop`` on float tensors up
-to float rounding (``tests/test_gpu_decode.py``), and so ``data.cpu_decoder: torchvision``'s validation up to its
-rounding to uint8.
+crop's offset in it (:attr:`Encoded.resize`), and the filter weights (the fused kernel's and the matmuls') are those
+of the whole-image resize at those rows and columns. On the CPU the result equals torchvision's ``Resize`` +
+``CenterCrop`` on float tensors up to float rounding (``tests/test_gpu_decode.py``), and so ``data.cpu_decoder:
+torchvision``'s validation up to its rounding to uint8.
 
 **Splitting the decode between the workers and the GPU** (``data.cpu_decode_share``). On an H200 nvJPEG decodes on the
 JPEG engines (torchvision creates its hardware backend; an nsys trace shows only its colour conversion on the SMs, ~0.3
@@ -41,9 +41,9 @@ held the GIL on the prefetcher's producer thread against the training thread's o
 that replaced it, a fixed handful of launches a group of crops, still made 94 torch calls a batch of 128. Against
 those, on an H200 the kernel's GPU time is 0.53 instead of 0.83 ms a batch of 128, the call's host time (the host
 otherwise idle) 1.0 instead of 2.8-3.2 ms, the stage's peak memory 59 instead of 221 MiB, and its pixels are float32
-throughout (bench/RESULTS.md, thirty-eighth session). Where Triton cannot run (no GPU, no C compiler for its
-launcher), and for
-``data.decode: gpu`` on the CPU, the batched torch ops do it (:func:`decode_crop_resize`):
+throughout (bench/RESULTS.md, thirty-eighth session). The batched torch ops do it on the CPU, where Triton cannot
+build its kernel (no C compiler for its launcher: one warning), with :data:`CROP_KERNEL` ``torch`` and with
+``gather="copy"`` (:func:`decode_crop_resize`):
 
 1. gather: the crops of a group (below), padded to the group's largest, into one uint8 ``(n, Hp, 3, Wp)`` tensor.
    One index op reads row ``y`` of channel ``c`` of crop ``i`` from a sliding-window view of one flat buffer of the
@@ -194,8 +194,9 @@ def decode_crop_resize(
     """Decodes, crops, resizes and flips a batch on ``device``; returns float32 ``(N, 3, size, size)`` on 0..255.
 
     Must run on the stream the result is wanted on (the prefetcher's side stream). On CUDA one launch of
-    :mod:`gpu_crop_kernel` (with :data:`CROP_KERNEL` ``triton`` and ``gather="strided"``), else about 27 launches per
-    group of similar crops (see the module's docstring); same pixels as :func:`decode_crop_resize_reference` up to
+    :mod:`gpu_crop_kernel` (with :data:`CROP_KERNEL` ``triton`` and ``gather="strided"``; images that are not views of
+    the preallocated decoder's one buffer are concatenated first, one more), else about 27 launches per group of
+    similar crops (see the module's docstring); same pixels as :func:`decode_crop_resize_reference` up to
     float rounding (mean absolute difference 1e-4 of 255), or, with the torch ops on the GPU, fp16 rounding (below
     0.05).
 
@@ -223,6 +224,8 @@ def decode_crop_resize(
     """
     if gather not in ("strided", "copy"):
         raise ValueError(f"gather must be 'strided' or 'copy', got {gather!r}")
+    if CROP_KERNEL not in ("triton", "torch"):
+        raise ValueError(f"gpu_decode.CROP_KERNEL must be 'triton' or 'torch', got {CROP_KERNEL!r}")
     if nvjpeg not in NVJPEG_BINDINGS:
         raise ValueError(f"nvjpeg must be one of {', '.join(NVJPEG_BINDINGS)}, got {nvjpeg!r}")
     device = torch.device(device)
@@ -545,7 +548,12 @@ def _crop_resize_fused(samples: list[Encoded], images: list[torch.Tensor], out: 
     Triton cannot run here: then the torch path does it. The kernel reads the decoded images where nvJPEG's batched
     decoder wrote them (one buffer), else from one concatenation of them."""
     global _FUSED_STATE
-    if _FUSED_STATE == "failed" or not gpu_crop_kernel.AVAILABLE:
+    if _FUSED_STATE == "failed":
+        return False
+    if not gpu_crop_kernel.AVAILABLE:
+        with _FIRST_LAUNCH_LOCK:
+            if _FUSED_STATE != "failed":
+                _fused_failed("Triton cannot be imported")
         return False
     shapes = [image.shape for image in images]
     shared = _shared_buffer(images, 0)
@@ -556,36 +564,47 @@ def _crop_resize_fused(samples: list[Encoded], images: list[torch.Tensor], out: 
         flat, offsets = shared
     size = out.shape[-1]
     rows, axes = [], []
-    for i, (sample, (_, height, width), at) in enumerate(zip(samples, shapes, offsets, strict=True)):
+    for sample, (_, height, width), at in zip(samples, shapes, offsets, strict=True):
         top, left, box_h, box_w = sample.box
-        rows.append((at + top * width + left, width, height * width, box_h, box_w, 0, 0, sample.flip, i))
+        rows.append((at + top * width + left, width, height * width, box_h, box_w, 0, 0, sample.flip))
         axes.append(_filter_axes(sample, (height, width), size))
     table, scales = np.array(rows, dtype=np.int64), np.array(axes, dtype=np.float64)
     table[:, 5], table[:, 6] = gpu_crop_kernel.taps(scales[:, 2]), gpu_crop_kernel.taps(scales[:, 3])
     parameters = scales[:, [2, 4, 3, 5]].astype(np.float32)  # scale and shift along y, then x
-    packed = np.concatenate([table.reshape(-1).view(np.uint8), parameters.reshape(-1).view(np.uint8)])
+    # The parameters first: 16 bytes a crop, so that the table after them starts 16-byte aligned whatever the count
+    # (Triton would compile the kernel again for a table that is not; the buffer itself is).
+    packed = np.concatenate([parameters.reshape(-1).view(np.uint8), table.reshape(-1).view(np.uint8)])
     packed = _staged(torch.from_numpy(packed), out.device).to(out.device, non_blocking=True)  # one page-locked copy
-    device_table = packed[: table.nbytes].view(torch.int64).view(table.shape)
-    device_parameters = packed[table.nbytes :].view(torch.float32).view(parameters.shape)
+    device_parameters = packed[: parameters.nbytes].view(torch.float32).view(parameters.shape)
+    device_table = packed[parameters.nbytes :].view(torch.int64).view(table.shape)
     if _FUSED_STATE == "verified":
         gpu_crop_kernel.launch(flat, device_table, device_parameters, out)
         return True
-    try:  # the first launch compiles the kernel (and Triton's launcher, with the host's C compiler)
-        gpu_crop_kernel.launch(flat, device_table, device_parameters, out)
-    except Exception as error:  # noqa: BLE001 - any failure to build the kernel leaves the torch path
-        _FUSED_STATE = "failed"
-        warnings.warn(
-            f"the fused crop kernel (gpu_crop_kernel.py, Triton) cannot run here ({type(error).__name__}: "
-            f"{str(error)[:300]}); the GPU path crops with its torch ops instead (about 94 launches a batch of 128)",
-            stacklevel=4,
-        )
-        return False
-    _FUSED_STATE = "verified"
+    with _FIRST_LAUNCH_LOCK:  # the train and val producers: one first launch, one warning
+        if _FUSED_STATE == "failed":
+            return False
+        try:  # the first launch compiles the kernel (and Triton's launcher, with the host's C compiler)
+            gpu_crop_kernel.launch(flat, device_table, device_parameters, out)
+        except Exception as error:  # noqa: BLE001 - whatever keeps Triton from building or running the kernel
+            _fused_failed(f"{type(error).__name__}: {str(error)[:300]}")
+            return False
+        _FUSED_STATE = "verified"
     return True
+
+
+def _fused_failed(reason: str) -> None:
+    global _FUSED_STATE
+    _FUSED_STATE = "failed"
+    warnings.warn(
+        f"the fused crop kernel (gpu_crop_kernel.py, Triton) cannot run here ({reason}); the GPU path crops with its "
+        "torch ops instead (about 94 launches a batch of 128)",
+        stacklevel=5,
+    )
 
 
 #: "unknown" until the fused kernel's first launch, then "verified" or "failed" (the torch path from then on).
 _FUSED_STATE = "unknown"
+_FIRST_LAUNCH_LOCK = threading.Lock()
 
 
 def _round8(value: int) -> int:

@@ -36,9 +36,9 @@ Variants:
                    the finished crops, the JPEG bytes nvJPEG copies and the crop table go to the GPU from the worker's
                    buffer, as before they were staged in page-locked memory: that change side by side
     app_folder_gpu_preallocated[@S]  app_folder_gpu[@S] with data.nvjpeg=preallocated (nvjpeg_batched.py's decoder)
-    app_folder_gpu_onegroup[@S]  app_folder_gpu[@S] with the whole batch resized as one group, padded to its largest
-                   crop (gpu_decode.MAX_PADDED_PIXELS 256 x 512 x 512, the old default, which never split a batch of
-                   256)
+    app_folder_gpu_onegroup[@S]  app_folder_gpu[@S] with the crop's torch ops (as +torchcrop) resizing the whole batch
+                   as one group, padded to its largest crop (gpu_decode.MAX_PADDED_PIXELS 256 x 512 x 512, the old
+                   default, which never split a batch of 256)
     APP_VARIANT+threads=N  an app_folder_gpu variant with data.decode_threads=N: N threads decode batches at once
                    (producer_threads.py), e.g. app_folder_gpu_preallocated_tv@0.5:reduce-overhead+threads=2; on any
                    GPU count
@@ -549,6 +549,7 @@ def run_app(a: argparse.Namespace, variant: str) -> dict:
         import gpu_decode
 
         gpu_decode.MAX_PADDED_PIXELS = 256 * 512 * 512  # every batch of 256 up to 512 x 512 px crops in one group
+        gpu_decode.CROP_KERNEL = "torch"  # the fused kernel has no groups
     # Each source is given only the options it reads (the data module warns of the others).
     if folder:
         source_options = dict(

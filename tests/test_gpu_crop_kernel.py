@@ -111,6 +111,45 @@ def test_the_kernel_flips_exactly_the_flagged_samples(interpreted):
     torch.testing.assert_close(out[1], out[0].flip(-1), atol=1e-4, rtol=0)
 
 
+def test_every_tile_of_a_larger_output_and_no_pixel_outside_the_box_is_read(interpreted, monkeypatch):
+    """At 40 x 40 a crop's output is 3 x 2 tiles of 16 x 32, the last ones past its edge. Reads outside a crop's box
+    weigh zero and so cannot show in the pixels: every uint8 address the interpreter loads is checked against the
+    box of the crop (the program's first grid index) it was read for."""
+    from triton.runtime import interpreter
+
+    size = 40
+    samples = [  # boxes at the image's top-left and bottom-right corners, one mirrored, one upscaled; the last image
+        # last in the buffer, so that a read past its box would also be past the buffer
+        make_sample(textured_pixels(90, 70, seed=1), (0, 0, 61, 83), False, encoded=False),
+        make_sample(textured_pixels(50, 40, seed=2), (12, 15, 28, 35), True, encoded=False),
+        make_sample(textured_pixels(30, 20, seed=3), (5, 9, 15, 21), False, encoded=False),
+    ]
+    images = one_buffer([sample.data for sample in samples])
+    boxes = []
+    for sample, image in zip(samples, images, strict=True):
+        top, left, height, width = sample.box
+        boxes.append((image.data_ptr(), image.shape[1] * image.shape[2], image.shape[2], top, left, height, width))
+    outside = []
+    load = interpreter.InterpreterBuilder.create_masked_load
+
+    def checked_load(self, pointers, mask, *args):  # noqa: ANN001, ANN002, ANN202
+        if pointers.get_element_ty().scalar.primitive_bitwidth == 8:  # the image bytes (the table is int64/float32)
+            start, plane, width, top, left, height, box_w = boxes[int(self.grid_idx[0])]
+            offset = pointers.data[mask.data.astype(bool)].astype(np.int64) - start
+            channel, rest = np.divmod(offset, plane)
+            y, x = np.divmod(rest, width)
+            inside = (offset >= 0) & (channel < 3) & (y >= top) & (y < top + height) & (x >= left) & (x < left + box_w)
+            outside.append(int((~inside).sum()))
+        return load(self, pointers, mask, *args)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_masked_load", checked_load)
+    out = torch.full((len(samples), 3, size, size), float("nan"))
+    assert gpu_decode._crop_resize_fused(samples, images, out)
+    assert outside and sum(outside) == 0  # loads were seen, none outside its crop's box
+    reference = decode_crop_resize_reference(samples, torch.device("cpu"), size)
+    torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)  # every tile written (no NaN left), each right
+
+
 def test_taps_cover_the_filters_support():
     """Along an axis the weights are nonzero where ``|x + 0.5 - center| < max(scale, 1)``: for any center, those
     pixels lie within the taps the kernel visits from ``floor(center - 0.5 - support)``."""
@@ -141,6 +180,21 @@ def test_a_kernel_that_cannot_be_built_warns_once_and_the_torch_path_runs(batch,
         warnings.simplefilter("error")
         assert not gpu_decode._crop_resize_fused(batch, images, out)  # no second try, no second warning
     assert len(calls) == 1
+
+    monkeypatch.setattr(gpu_decode, "_FUSED_STATE", "unknown")
+    monkeypatch.setattr(gpu_decode.gpu_crop_kernel, "AVAILABLE", False)  # no Triton at all: said once too
+    with pytest.warns(UserWarning, match="fused crop kernel.*Triton cannot be imported"):
+        assert not gpu_decode._crop_resize_fused(batch, images, out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not gpu_decode._crop_resize_fused(batch, images, out)
+    assert len(calls) == 1
+
+
+def test_an_unknown_crop_kernel_is_refused(batch, monkeypatch):
+    monkeypatch.setattr(gpu_decode, "CROP_KERNEL", "cuda")
+    with pytest.raises(ValueError, match="CROP_KERNEL must be 'triton' or 'torch', got 'cuda'"):
+        decode_crop_resize(batch, torch.device("cpu"), SIZE)
 
 
 def test_after_its_first_launch_a_kernel_error_is_raised(batch, monkeypatch):
