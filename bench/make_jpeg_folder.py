@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> None:
     if a.root.exists():
         a.root.rmdir()  # empty (checked above): a rename cannot replace a folder
     os.replace(staging, a.root)
+    # The files are still in the page cache, about 4 GB dirty: written back meanwhile, they would compete with the
+    # first benchmark run after this one for the disk and the kernel's writeback threads. In the thirty-eighth
+    # session the first JPEG row after a fresh folder ran 0.913-0.914 of synthetic data, later ones 0.940-0.969
+    # (bench/RESULTS.md); whether writeback was the cause is not measured.
+    os.sync()
     count = a.classes * (a.train_per_class + a.val_per_class)
     print(f"{count} JPEGs in {a.root}, {total / count / 1024:.0f} KB on average")
 

@@ -243,6 +243,17 @@ def test_the_folder_appears_whole_and_a_full_one_is_refused(tmp_path) -> None:
     assert again.returncode == 1 and "exists and is not an empty folder" in again.stderr
 
 
+def test_the_folder_is_flushed_to_disk_once_in_place(make_jpeg_folder, tmp_path, monkeypatch) -> None:
+    """A benchmark run right after would otherwise share the disk with the folder's writeback."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root, seen = tmp_path / "jpegs", []
+    monkeypatch.setattr(make_jpeg_folder, "ProcessPoolExecutor", ThreadPoolExecutor)  # in process: no pickling
+    monkeypatch.setattr(make_jpeg_folder.os, "sync", lambda: seen.append(len(list(root.glob("*/*/*.JPEG")))))
+    make_jpeg_folder.main([str(root), "--classes", "1", "--train-per-class", "2", "--val-per-class", "1"])
+    assert seen == [3]  # once, with every image in the folder
+
+
 def test_the_default_folder_is_one_bench_throughput_takes(make_jpeg_folder, bench_script) -> None:
     """100 classes of 64 (6,400 images) were refused by bench/throughput.py's epoch check at its defaults."""
     throughput = bench_script("throughput")
