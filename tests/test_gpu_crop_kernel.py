@@ -42,7 +42,7 @@ def make_batch(size: int, jpegs: bool) -> list:
     every other one mirrored; RandomResizedCrop boxes as the loader draws them; validation's center crops (downscaled
     and upscaled). With ``jpegs``, every third sample (of the larger ones) a JPEG to decode."""
     specs = [  # (width, height, (top, left, height, width))
-        (300, 200, (10, 20, 150, 140)),
+        (300, 200, (10, 20, 60, 70)),
         (64, 40, (5, 7, 10, 12)),
         (size, size, (0, 0, size, size)),
         (3, 2, (0, 1, 2, 2)),
