@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_gpu_decode import loader_box, make_sample, textured_pixels
+from test_gpu_decode import loader_box, make_sample, one_buffer, textured_pixels
 
 import gpu_crop_kernel
 import gpu_decode
@@ -67,14 +67,6 @@ def make_batch(size: int, jpegs: bool) -> list:
 @pytest.fixture(scope="module")
 def batch() -> list:
     return make_batch(SIZE, jpegs=False)
-
-
-def one_buffer(images: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The images as views of one flat buffer, in reverse order there (as nvjpeg_batched lays out a call's)."""
-    buffer = torch.cat([image.reshape(-1) for image in reversed(images)])
-    ends = np.cumsum([0] + [image.numel() for image in reversed(images)])
-    views = [buffer[a:b].view(image.shape) for a, b, image in zip(ends[:-1], ends[1:], reversed(images), strict=True)]
-    return views[::-1]
 
 
 def test_the_kernel_gives_the_per_image_reference_in_any_layout(interpreted, batch, monkeypatch):

@@ -381,19 +381,20 @@ def test_groups_of_similar_crops_and_the_per_image_path_for_outliers(mixed_batch
     assert _groups(boxes, 10**9) == [(list(range(len(boxes))), 304, 392)]
 
 
+def one_buffer(images: list[torch.Tensor], spare: int = 0) -> list[torch.Tensor]:
+    """The images as views of one flat buffer, in reverse order there, with ``spare`` bytes after the last (as
+    nvjpeg_batched lays out a call's)."""
+    buffer = torch.cat([image.reshape(-1) for image in reversed(images)] + [torch.zeros(spare, dtype=torch.uint8)])
+    ends = np.cumsum([0] + [image.numel() for image in reversed(images)])
+    views = [buffer[a:b].view(image.shape) for a, b, image in zip(ends[:-1], ends[1:], reversed(images), strict=True)]
+    return views[::-1]
+
+
 def test_images_decoded_into_one_buffer_are_read_there_without_a_concatenation(mixed_batch, monkeypatch):
     """As nvjpeg_batched decodes them: views of one flat buffer with spare bytes at its end. Here in reverse order, so
     that no group's images are consecutive, with grouping and outliers as above."""
     images, _ = gpu_decode._decode(mixed_batch, torch.device("cpu"))
     widest = max(image.shape[2] for image in images)
-
-    def views(spare: int) -> list[torch.Tensor]:
-        buffer = torch.cat([image.reshape(-1) for image in reversed(images)] + [torch.zeros(spare, dtype=torch.uint8)])
-        ends = np.cumsum([0] + [image.numel() for image in reversed(images)])
-        flat = [
-            buffer[a:b].view(image.shape) for a, b, image in zip(ends[:-1], ends[1:], reversed(images), strict=True)
-        ]
-        return flat[::-1]
 
     def crop_resize(images: list[torch.Tensor], max_padded_pixels: int) -> torch.Tensor:
         out = torch.empty((len(mixed_batch), 3, SIZE, SIZE))
@@ -407,15 +408,16 @@ def test_images_decoded_into_one_buffer_are_read_there_without_a_concatenation(m
     for budget in (60 * 60, 10**9):  # groups and outliers; the whole batch as one group
         reference = crop_resize(images, budget)
         concatenations.clear()
-        assert torch.equal(crop_resize(views(spare=-(-widest // 8) * 8), budget), reference)
+        assert torch.equal(crop_resize(one_buffer(images, spare=-(-widest // 8) * 8), budget), reference)
         assert not concatenations
         # Without room for the last image's padded reads, its group (with 10**9, the whole batch; with 60 x 60, that
         # image is an outlier and no group needs the room) is concatenated and padded as before.
-        assert torch.equal(crop_resize(views(spare=0), budget), reference)
+        assert torch.equal(crop_resize(one_buffer(images), budget), reference)
         assert bool(concatenations) == (budget == 10**9)
     assert gpu_decode._shared_buffer([images[0], images[1]], 8) is None  # separately allocated
-    assert gpu_decode._shared_buffer([views(spare=512)[0], views(spare=512)[1]], 8) is None  # views of two buffers
-    transposed = views(spare=512)
+    two = [one_buffer(images, spare=512)[0], one_buffer(images, spare=512)[1]]
+    assert gpu_decode._shared_buffer(two, 8) is None  # views of two buffers
+    transposed = one_buffer(images, spare=512)
     assert gpu_decode._shared_buffer([transposed[0].transpose(1, 2)], 8) is None  # not contiguous
 
 
