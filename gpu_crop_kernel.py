@@ -10,16 +10,22 @@ preallocated`` the images are read where nvJPEG wrote them (one buffer); separat
 binding, pixels the workers decoded) are concatenated first.
 
 Each output pixel is ATen's ``_upsample_bilinear2d_aa`` (``F.interpolate(mode="bilinear", antialias=True)``, what
-``transforms.RandomResizedCrop`` runs on tensors): along each axis, input pixel ``x`` of the box weighs
-``max(0, 1 - |x + 0.5 - center| / support)`` with ``center = shift + (i + 0.5) * scale`` and ``support = max(scale,
-1)``, cut at the box's edges and normalized; the two axes are separable, so a tile sums its columns' weighted pixels
-row by row and weighs the rows. A flipped sample reads its output columns mirrored. Computed in float32 (the torch
-path's matmuls take fp16 weights), written as float32 into the batch in its memory format.
+``transforms.RandomResizedCrop`` runs on tensors): along each axis, input pixel ``x`` of the box weighs ``max(0, 1 - |x
++ 0.5 - center| / support)`` with ``center = shift + (i + 0.5) * scale`` and ``support = max(scale, 1)``, cut at the
+box's edges and normalized; the two axes are separable. A tile's output rows weigh a band of input rows (about ``15 x
+scale + taps`` of them for 16 output rows): the kernel resizes that band along x, ``BLOCK_R`` rows at a time, each pixel
+read and weighed once a tap, and weighs the rows for every output row as a small float32 matmul (most of its weights
+zero). The direct version it replaced computed each output pixel from its ``taps_y x taps_x`` pixels: at scale 1.5 (5
+taps an axis) 75 gathered loads an output pixel where this issues 30 (at 0.5, 48 and 12), each with int64 offsets and a
+uint8 conversion at an eighth of the FMA rate. Its FMAs are not fewer (at 1.5, 126 an output pixel against 90; at 0.5,
+60 each): the matmul's zeros. A flipped sample reads its output columns mirrored. Computed in float32 (the torch path's
+matmuls take fp16 weights), written as float32 into the batch in its memory format.
 
-Measured on an H200 (bench/RESULTS.md, thirty-eighth session), 128 RandomResizedCrops of 300-500 px JPEGs decoded by
-``data.nvjpeg: preallocated``, to 224 x 224: 0.53 ms of GPU a batch against the torch ops' 0.83 (56 kernels), 1.0 ms
-of the host a call against 2.8-3.2, 59 MiB of peak memory against 221; the per-image ``F.interpolate`` reference's
-pixels within 0.0025 of 255 (mean 8e-5) against 0.28 (0.033).
+Measured on an H200 (bench/RESULTS.md, thirty-eighth session), the direct version, 128 RandomResizedCrops of 300-500
+px JPEGs decoded by ``data.nvjpeg: preallocated``, to 224 x 224: 0.53 ms of GPU a batch against the torch ops' 0.83
+(56 kernels), 1.0 ms of the host a call against 2.8-3.2, 59 MiB of peak memory against 221; the per-image
+``F.interpolate`` reference's pixels within 0.0025 of 255 (mean 8e-5) against 0.28 (0.033). The separable version is
+not timed yet: ``bench/crop_kernel_time.py`` times copies of both, alternated, on the same batches.
 
 Triton comes with PyTorch's CUDA builds on Linux (``torch.compile`` generates its kernels with it). Where it cannot
 be imported or its first compile fails, :func:`gpu_decode.decode_crop_resize` warns once and uses the torch path. On
@@ -49,8 +55,14 @@ INT_COLUMNS = ("start", "width", "plane", "box_h", "box_w", "taps_y", "taps_x", 
 #: :func:`gpu_decode._filter_axes` gives them).
 FLOAT_COLUMNS = ("scale_y", "shift_y", "scale_x", "shift_x")
 
-#: A program's tile of output pixels (rows x columns): 512 pixels, 4 warps.
-BLOCK_Y, BLOCK_X = 16, 32
+#: A program's tile of output pixels (rows x columns), and the input rows it resizes along x at a time. 224 is 14 x 16
+#: and 7 x 32: no idle lanes at the app's size. The matmul weighs each of the tile's rows against every row of its band
+#: (``15 x scale + taps`` rows for 16), so taller tiles compute more zero products and shorter ones resize more rows
+#: twice (neighbouring bands overlap by the taps); ``tl.dot`` takes no fewer than 16 rows and 16 of the band a chunk.
+BLOCK_Y, BLOCK_X, BLOCK_R = 16, 32, 16
+#: Warps a program: 128 threads, 4 of the tile's 512 output pixels each and 4 of a chunk's 512 row pixels, 12
+#: independent loads a tap. Compiled for sm_90 the kernel takes 80 registers a thread: 6 programs an SM.
+NUM_WARPS = 4
 
 AVAILABLE = triton is not None
 # The train and val producers may launch at once; Triton does not document its JIT's first compile as thread-safe.
@@ -88,6 +100,7 @@ def launch(flat: torch.Tensor, table: torch.Tensor, parameters: torch.Tensor, ou
         _crop_resize_kernel[grid](
             flat, table, parameters, out, *out.stride(), size,
             INT_COLUMNS=len(INT_COLUMNS), FLOAT_COLUMNS=len(FLOAT_COLUMNS), BLOCK_Y=BLOCK_Y, BLOCK_X=BLOCK_X,
+            BLOCK_R=BLOCK_R, num_warps=NUM_WARPS,
         )  # fmt: skip
 
 
@@ -98,6 +111,23 @@ if triton is not None:
         """The triangle filter's weight of input pixels ``position`` (zero outside ``0 <= position < length``)."""
         weight = tl.maximum(1.0 - tl.abs(position.to(tl.float32) + 0.5 - center) * inverse, 0.0)
         return tl.where((position >= 0) & (position < length), weight, 0.0)
+
+    @triton.jit
+    def _as_float(pixels):
+        """uint8 pixels as float32, exactly: ``2**23 + v`` has ``v`` as its mantissa's low bits. An OR and an add,
+        full-rate instructions, where the conversion the compiler emits (``I2F.U16``) issues at an eighth of the FMA
+        rate on Hopper: it was 12 of the 88 instructions of the direct kernel's inner loop."""
+        return (pixels.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+    @triton.jit
+    def _minimum(a, b):
+        """``tl.reduce``'s combine: ``tl.min`` and ``tl.max`` are jitted helpers, like ``tl.zeros`` (see the kernel)."""
+        return tl.minimum(a, b)
+
+    @triton.jit
+    def _maximum(a, b):
+        """``tl.reduce``'s combine (see :func:`_minimum`)."""
+        return tl.maximum(a, b)
 
     @triton.jit
     def _crop_resize_kernel(
@@ -114,20 +144,24 @@ if triton is not None:
         FLOAT_COLUMNS: tl.constexpr,
         BLOCK_Y: tl.constexpr,
         BLOCK_X: tl.constexpr,
+        BLOCK_R: tl.constexpr,
     ):
         crop = tl.program_id(0)
         tile = tl.program_id(1)
-        # Not tl.cdiv nor tl.zeros: those are jitted helpers, which the tests' interpreted copy of this module would
-        # call as compiled ones (Triton reads TRITON_INTERPRET when it decorates, and it decorated them at its import).
+        # Not tl.cdiv nor tl.zeros (nor tl.min, tl.max, tl.sum): those are jitted helpers, which the tests' interpreted
+        # copy of this module would call as compiled ones (Triton reads TRITON_INTERPRET when it decorates, and it
+        # decorated them at its import).
         tiles_x = (size + BLOCK_X - 1) // BLOCK_X
         row = table + crop * INT_COLUMNS
-        start = tl.load(row + 0)
-        width = tl.load(row + 1)
+        # The crop's first pixel as a pointer, its int64 offset added once: the offsets within the image (row x width
+        # + column, less than a plane) are int32, whose arithmetic is one instruction an element (int64: two or more).
+        crop_base = flat + tl.load(row + 0)
+        width = tl.load(row + 1).to(tl.int32)
         plane = tl.load(row + 2)
-        box_h = tl.load(row + 3)
-        box_w = tl.load(row + 4)
-        taps_y = tl.load(row + 5)
-        taps_x = tl.load(row + 6)
+        box_h = tl.load(row + 3).to(tl.int32)
+        box_w = tl.load(row + 4).to(tl.int32)
+        taps_y = tl.load(row + 5).to(tl.int32)
+        taps_x = tl.load(row + 6).to(tl.int32)
         flip = tl.load(row + 7)
         scale_y = tl.load(parameters + crop * FLOAT_COLUMNS + 0)
         shift_y = tl.load(parameters + crop * FLOAT_COLUMNS + 1)
@@ -143,35 +177,55 @@ if triton is not None:
         center_y = shift_y + (out_y.to(tl.float32) + 0.5) * scale_y
         center_x = shift_x + (read_x.to(tl.float32) + 0.5) * scale_x
         # A pixel below the support's lower end (x + 0.5 > center - support): float rounding of the center.
-        first_y = tl.floor(center_y - 0.5 - tl.maximum(scale_y, 1.0)).to(tl.int64)
-        first_x = tl.floor(center_x - 0.5 - tl.maximum(scale_x, 1.0)).to(tl.int64)
+        first_y = tl.floor(center_y - 0.5 - tl.maximum(scale_y, 1.0)).to(tl.int32)
+        first_x = tl.floor(center_x - 0.5 - tl.maximum(scale_x, 1.0)).to(tl.int32)
 
+        # The normalization over each output's taps within the box, as the direct (2-D) version summed it.
         total_x = tl.full([BLOCK_X], 0.0, tl.float32)
         for t in range(0, taps_x):
             total_x += _axis_weight(first_x + t, center_x, inverse_x, box_w)
+        total_y = tl.full([BLOCK_Y], 0.0, tl.float32)
+        for s in range(0, taps_y):
+            total_y += _axis_weight(first_y + s, center_y, inverse_y, box_h)
+
+        # The input rows the tile's stored output rows weigh, cut at the box: from its first row's first tap to its
+        # last stored row's last (the centers grow with the row). Outside them every weight is zero.
+        lowest = tl.maximum(tl.reduce(first_y, 0, _minimum), 0)
+        highest = tl.minimum(tl.reduce(tl.where(out_y < size, first_y, -1), 0, _maximum) + taps_y - 1, box_h - 1)
         red = tl.full([BLOCK_Y, BLOCK_X], 0.0, tl.float32)
         green = tl.full([BLOCK_Y, BLOCK_X], 0.0, tl.float32)
         blue = tl.full([BLOCK_Y, BLOCK_X], 0.0, tl.float32)
-        total_y = tl.full([BLOCK_Y], 0.0, tl.float32)
-        for s in range(0, taps_y):
-            y = first_y + s
-            weight_y = _axis_weight(y, center_y, inverse_y, box_h)
-            total_y += weight_y
-            # Rows outside the box weigh zero: read its nearest row instead of past the image.
-            offset_y = start + tl.minimum(tl.maximum(y, 0), box_h - 1) * width
-            row_red = tl.full([BLOCK_Y, BLOCK_X], 0.0, tl.float32)
-            row_green = tl.full([BLOCK_Y, BLOCK_X], 0.0, tl.float32)
-            row_blue = tl.full([BLOCK_Y, BLOCK_X], 0.0, tl.float32)
+        # Separable: each chunk of BLOCK_R input rows is resized along x once (each pixel read taps_x times, not
+        # taps_x x taps_y), then every output row weighs the chunk's rows, most of them by zero, as one small matmul.
+        for chunk in range(lowest, highest + 1, BLOCK_R):
+            # The last chunk's rows past the span read its last row again (weighed by zero: past every stored output
+            # row's support, or past the box), rather than masked loads, whose zeros for the masked lanes cost two
+            # more instructions a pixel (112 instead of 88 a tap in the loop below, compiled for sm_90).
+            y = chunk + tl.arange(0, BLOCK_R)
+            read_y = tl.minimum(y, highest) * width
+            rows = (crop_base + read_y)[:, None]
+            row_red = tl.full([BLOCK_R, BLOCK_X], 0.0, tl.float32)
+            row_green = tl.full([BLOCK_R, BLOCK_X], 0.0, tl.float32)
+            row_blue = tl.full([BLOCK_R, BLOCK_X], 0.0, tl.float32)
             for t in range(0, taps_x):
                 x = first_x + t
-                weight_x = _axis_weight(x, center_x, inverse_x, box_w)
-                at = offset_y[:, None] + tl.minimum(tl.maximum(x, 0), box_w - 1)[None, :]
-                row_red += weight_x[None, :] * tl.load(flat + at).to(tl.float32)
-                row_green += weight_x[None, :] * tl.load(flat + at + plane).to(tl.float32)
-                row_blue += weight_x[None, :] * tl.load(flat + at + 2 * plane).to(tl.float32)
-            red += weight_y[:, None] * row_red
-            green += weight_y[:, None] * row_green
-            blue += weight_y[:, None] * row_blue
+                # Once a tap and chunk (for its BLOCK_R rows), where the direct version weighed each row's taps.
+                weight_x = _axis_weight(x, center_x, inverse_x, box_w)[None, :]
+                # Columns outside the box weigh zero: read its nearest column instead of past the image.
+                at = rows + tl.minimum(tl.maximum(x, 0), box_w - 1)[None, :]
+                row_red += weight_x * _as_float(tl.load(at))
+                row_green += weight_x * _as_float(tl.load(at + plane))
+                row_blue += weight_x * _as_float(tl.load(at + 2 * plane))
+            # (BLOCK_Y, BLOCK_R): output row i's weight of input row y; zero outside its support and the box.
+            weight_y = _axis_weight(y[None, :], center_y[:, None], inverse_y, box_h)
+            # IEEE float32: TF32 would round the weights and the rows' sums to 11 significant bits (about 0.1 of 255).
+            # Triton lowers a float32 dot to FMAs: each thread keeps its accumulators and reads the operands from
+            # shared memory (compiled for sm_90: 192 FMAs and 58 shared loads a thread a chunk). The broadcast
+            # tl.sum(weight_y[:, :, None] * row_red[None], 1) compiles to the same code (Triton rewrites it as this
+            # dot); "tf32x3" to tensor-core MMAs, but its operand splits take as many instructions.
+            red = tl.dot(weight_y, row_red, red, input_precision="ieee")
+            green = tl.dot(weight_y, row_green, green, input_precision="ieee")
+            blue = tl.dot(weight_y, row_blue, blue, input_precision="ieee")
 
         # (Past the output's edge a tile's lanes may weigh nothing: no division by zero there, they are not stored.)
         scale = 1.0 / tl.maximum(total_y[:, None] * total_x[None, :], 1e-30)

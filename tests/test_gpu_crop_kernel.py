@@ -103,20 +103,12 @@ def test_the_kernel_flips_exactly_the_flagged_samples(interpreted):
     torch.testing.assert_close(out[1], out[0].flip(-1), atol=1e-4, rtol=0)
 
 
-def test_every_tile_of_a_larger_output_and_no_pixel_outside_the_box_is_read(interpreted, monkeypatch):
-    """At 40 x 40 a crop's output is 3 x 2 tiles of 16 x 32, the last ones past its edge. Reads outside a crop's box
-    weigh zero and so cannot show in the pixels: every uint8 address the interpreter loads is checked against the
-    box of the crop (the program's first grid index) it was read for."""
+def reads_outside_the_boxes(monkeypatch, samples: list, images: list) -> list[int]:  # noqa: ANN001
+    """Wraps the interpreter's loads: for each uint8 load (the image bytes; the table is int64/float32), how many of
+    its addresses lie outside the box of the crop (the program's first grid index) it was read for. Reads outside a
+    crop's box weigh zero and so cannot show in the pixels."""
     from triton.runtime import interpreter
 
-    size = 40
-    samples = [  # boxes at the image's top-left and bottom-right corners, one mirrored, one upscaled; the last image
-        # last in the buffer, so that a read past its box would also be past the buffer
-        make_sample(textured_pixels(90, 70, seed=1), (0, 0, 61, 83), False, encoded=False),
-        make_sample(textured_pixels(50, 40, seed=2), (12, 15, 28, 35), True, encoded=False),
-        make_sample(textured_pixels(30, 20, seed=3), (5, 9, 15, 21), False, encoded=False),
-    ]
-    images = one_buffer([sample.data for sample in samples])
     boxes = []
     for sample, image in zip(samples, images, strict=True):
         top, left, height, width = sample.box
@@ -125,7 +117,7 @@ def test_every_tile_of_a_larger_output_and_no_pixel_outside_the_box_is_read(inte
     load = interpreter.InterpreterBuilder.create_masked_load
 
     def checked_load(self, pointers, mask, *args):  # noqa: ANN001, ANN002, ANN202
-        if pointers.get_element_ty().scalar.primitive_bitwidth == 8:  # the image bytes (the table is int64/float32)
+        if pointers.get_element_ty().scalar.primitive_bitwidth == 8:
             start, plane, width, top, left, height, box_w = boxes[int(self.grid_idx[0])]
             offset = pointers.data[mask.data.astype(bool)].astype(np.int64) - start
             channel, rest = np.divmod(offset, plane)
@@ -135,11 +127,48 @@ def test_every_tile_of_a_larger_output_and_no_pixel_outside_the_box_is_read(inte
         return load(self, pointers, mask, *args)
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_masked_load", checked_load)
+    return outside
+
+
+def test_every_tile_of_a_larger_output_and_no_pixel_outside_the_box_is_read(interpreted, monkeypatch):
+    """At 40 x 40 a crop's output is 3 x 2 tiles of 16 x 32, the last ones past its edge. Every uint8 address the
+    interpreter loads is checked against the box of the crop it was read for."""
+    size = 40
+    samples = [  # boxes at the image's top-left and bottom-right corners, one mirrored, one upscaled; the last image
+        # last in the buffer, so that a read past its box would also be past the buffer
+        make_sample(textured_pixels(90, 70, seed=1), (0, 0, 61, 83), False, encoded=False),
+        make_sample(textured_pixels(50, 40, seed=2), (12, 15, 28, 35), True, encoded=False),
+        make_sample(textured_pixels(30, 20, seed=3), (5, 9, 15, 21), False, encoded=False),
+    ]
+    images = one_buffer([sample.data for sample in samples])
+    outside = reads_outside_the_boxes(monkeypatch, samples, images)
     out = torch.full((len(samples), 3, size, size), float("nan"))
     assert gpu_decode._crop_resize_fused(samples, images, out)
     assert outside and sum(outside) == 0  # loads were seen, none outside its crop's box
     reference = decode_crop_resize_reference(samples, torch.device("cpu"), size)
     torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)  # every tile written (no NaN left), each right
+
+
+def test_a_tiles_input_rows_in_chunks_of_any_span(interpreted, monkeypatch):
+    """At 16 x 16 one tile's rows are the whole output, so the input rows it resizes along x, BLOCK_R at a time, are
+    the whole box: box heights that make that span one row (a 1 x 1 box, every output its one pixel), fewer rows
+    than a chunk (upscaled), a chunk, a row more, several chunks and a rest (downscaled 6 times). Each against the
+    per-image reference, none read outside its box."""
+    chunk = interpreted.BLOCK_R
+    boxes = [(1, 1), (5, 3), (chunk - 1, 40), (chunk, chunk), (chunk + 1, 9), (2 * chunk + 3, 30), (6 * chunk + 5, 23)]
+    samples = [
+        make_sample(textured_pixels(width + 7, height + 4, seed=k), (3, 5, height, width), k % 2 == 1, encoded=False)
+        for k, (height, width) in enumerate(boxes)
+    ]
+    images = one_buffer([sample.data for sample in samples])
+    outside = reads_outside_the_boxes(monkeypatch, samples, images)
+    out = torch.full((len(samples), 3, SIZE, SIZE), float("nan"))
+    assert gpu_decode._crop_resize_fused(samples, images, out)
+    assert outside and sum(outside) == 0
+    reference = decode_crop_resize_reference(samples, torch.device("cpu"), SIZE)
+    torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)
+    one_pixel = samples[0].data[:, 3:4, 5:6].float().expand(3, SIZE, SIZE)
+    torch.testing.assert_close(out[0], one_pixel, atol=0, rtol=1e-6)  # the 1 x 1 box: its pixel everywhere
 
 
 def test_taps_cover_the_filters_support():
