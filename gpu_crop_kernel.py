@@ -24,8 +24,10 @@ matmuls take fp16 weights), written as float32 into the batch in its memory form
 Measured on an H200 (bench/RESULTS.md, thirty-eighth session), the direct version, 128 RandomResizedCrops of 300-500
 px JPEGs decoded by ``data.nvjpeg: preallocated``, to 224 x 224: 0.53 ms of GPU a batch against the torch ops' 0.83
 (56 kernels), 1.0 ms of the host a call against 2.8-3.2, 59 MiB of peak memory against 221; the per-image
-``F.interpolate`` reference's pixels within 0.0025 of 255 (mean 8e-5) against 0.28 (0.033). The separable version is
-not timed yet: ``bench/crop_kernel_time.py`` times copies of both, alternated, on the same batches.
+``F.interpolate`` reference's pixels within 0.0025 of 255 (mean 8e-5) against 0.28 (0.033). This separable version,
+alternated with the direct one on the same four batches of 128 crops (``bench/crop_kernel_time.py``, thirty-ninth
+session, two calls): 0.36 ms a batch against 0.44 (0.82), the same pixels (within 0.0032 of 255 of the reference, mean
+8.5e-5, both). It needs its 8 warps a program: with 4 it took 0.45.
 
 Triton comes with PyTorch's CUDA builds on Linux (``torch.compile`` generates its kernels with it). Where it cannot
 be imported or its first compile fails, :func:`gpu_decode.decode_crop_resize` warns once and uses the torch path. On
@@ -60,9 +62,11 @@ FLOAT_COLUMNS = ("scale_y", "shift_y", "scale_x", "shift_x")
 #: (``15 x scale + taps`` rows for 16), so taller tiles compute more zero products and shorter ones resize more rows
 #: twice (neighbouring bands overlap by the taps); ``tl.dot`` takes no fewer than 16 rows and 16 of the band a chunk.
 BLOCK_Y, BLOCK_X, BLOCK_R = 16, 32, 16
-#: Warps a program: 128 threads, 4 of the tile's 512 output pixels each and 4 of a chunk's 512 row pixels, 12
-#: independent loads a tap. Compiled for sm_90 the kernel takes 80 registers a thread: 6 programs an SM.
-NUM_WARPS = 4
+#: Warps a program: 256 threads, 2 of the tile's 512 output pixels each and 2 of a chunk's 512 row pixels. On an H200
+#: (bench/RESULTS.md, thirty-ninth session) 128 crops took 0.36 ms with 8 warps, 0.45 with 4 and 0.67 with 16; with 8,
+#: 64-column tiles took 0.55 and 32-row chunks 0.59; with 4, 32-row tiles 0.47 and 64-column ones 0.37. The direct
+#: version took 0.44 with 4 warps or 8: halving its instructions gained nothing until more warps hid the loads' latency.
+NUM_WARPS = 8
 
 AVAILABLE = triton is not None
 # The train and val producers may launch at once; Triton does not document its JIT's first compile as thread-safe.

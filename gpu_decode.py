@@ -41,7 +41,8 @@ held the GIL on the prefetcher's producer thread against the training thread's o
 that replaced it, a fixed handful of launches a group of crops, still made 94 torch calls a batch of 128. Against
 those, on an H200 the kernel's GPU time is 0.53 instead of 0.83 ms a batch of 128, the call's host time (the host
 otherwise idle) 1.0 instead of 2.8-3.2 ms, the stage's peak memory 59 instead of 221 MiB, and its pixels are float32
-throughout (bench/RESULTS.md, thirty-eighth session). The batched torch ops do it on the CPU, where Triton cannot
+throughout (bench/RESULTS.md, thirty-eighth session); the kernel's separable version takes 0.82 of that first
+version's GPU time (thirty-ninth session). The batched torch ops do it on the CPU, where Triton cannot
 build its kernel (no C compiler for its launcher: one warning), with :data:`CROP_KERNEL` ``torch`` and with
 ``gather="copy"`` (:func:`decode_crop_resize`):
 

@@ -1,6 +1,6 @@
 """bench/ scripts without a GPU: the step clock and host_overhead.py's warm-up, gpu_session.sh's compile-mode suffix
 and log summary, pil_decode_rate.py's statistic in one process and in several, make_jpeg_folder.py's defaults,
-nvjpeg_formats.py's checks and buffer layout."""
+nvjpeg_formats.py's checks and buffer layout, crop_kernel_time.py's table (the app's) and refusals."""
 
 from __future__ import annotations
 
@@ -425,3 +425,40 @@ def test_the_fused_resnet_probes_bottleneck_trains_as_torchvisions(bench_script)
             mine, theirs = fused.get_submodule(name), block.get_submodule(name)
             torch.testing.assert_close(mine.running_mean, theirs.running_mean)
             torch.testing.assert_close(mine.running_var, theirs.running_var)
+
+
+def test_crop_kernel_time_builds_the_table_the_app_launches(bench_script, monkeypatch) -> None:
+    """The benchmark times the kernel on the table it builds itself; that table must be the one
+    ``gpu_decode._crop_resize_fused`` hands the kernel for separately allocated images (a column-major parameter
+    array once gave errors of about 219 of 255)."""
+    import gpu_crop_kernel
+    import gpu_decode
+    from encoded_batch import Encoded
+
+    generator = torch.Generator().manual_seed(3)
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator) for h, w in [(40, 50), (33, 21)]]
+    samples = [Encoded(images[0], False, (2, 5, 30, 41), False), Encoded(images[1], False, (0, 3, 33, 9), True)]
+    launched = []
+    monkeypatch.setattr(gpu_decode, "_FUSED_STATE", "verified")
+    monkeypatch.setattr(gpu_crop_kernel, "launch", lambda *args: launched.append(args))
+    out = torch.empty((2, 3, 16, 16))
+    assert gpu_decode._crop_resize_fused(samples, images, out)
+    flat, table, parameters = bench_script("crop_kernel_time").build(gpu_crop_kernel, samples, images, 16)
+    [(app_flat, app_table, app_parameters, _)] = launched
+    assert torch.equal(flat, app_flat) and torch.equal(table, app_table)
+    assert torch.equal(parameters, app_parameters) and parameters.is_contiguous()
+
+
+def test_crop_kernel_time_refuses_a_kernel_of_another_table(bench_script, tmp_path) -> None:
+    variant = tmp_path / "variant.py"
+    text = (ROOT / "gpu_crop_kernel.py").read_text()
+    variant.write_text(text.replace('"taps_x", "flip")', '"taps_x", "mirror")', 1))
+    with pytest.raises(SystemExit, match="another table layout"):
+        bench_script("crop_kernel_time").load_variant(str(variant), 0)
+
+
+@pytest.mark.parametrize(("argv", "said"), [(["--launches", "0"], "--launches 0: give at least 1")])
+def test_crop_kernel_time_refuses_counts_it_cannot_time(bench_script, capsys, argv, said) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench_script("crop_kernel_time").parse(["--data", "DIR", *argv])
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
