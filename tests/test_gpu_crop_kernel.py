@@ -247,3 +247,17 @@ def test_on_the_gpu_the_kernel_matches_the_reference_and_repeats_bit_for_bit(mem
         again = [run("triton") for _ in range(6)]
     stream.synchronize()
     assert all(torch.equal(out, fused) for out in again)
+
+
+def test_offsets_within_an_image_past_sixteen_bits(interpreted, monkeypatch):
+    """The kernel's offsets within an image (row x width + column) are int32: a box whose rows lie more than 2**16
+    bytes past its first pixel, in an image whose plane is over 2**17, read right (a narrower type would wrap)."""
+    pixels = textured_pixels(1100, 130, seed=7)
+    samples = [make_sample(pixels, (40, 150, 80, 900), flip, encoded=False) for flip in (False, True)]
+    images = one_buffer([sample.data for sample in samples])
+    outside = reads_outside_the_boxes(monkeypatch, samples, images)
+    out = torch.full((len(samples), 3, SIZE, SIZE), float("nan"))
+    assert gpu_decode._crop_resize_fused(samples, images, out)
+    assert outside and sum(outside) == 0
+    reference = decode_crop_resize_reference(samples, torch.device("cpu"), SIZE)
+    torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)
