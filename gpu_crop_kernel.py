@@ -22,9 +22,10 @@ uint8 conversion at an eighth of the FMA rate. Its FMAs are not fewer (at 1.5, 1
 matmuls take fp16 weights), written as float32 into the batch in its memory format.
 
 Measured on an H200 (bench/RESULTS.md, thirty-eighth session), the direct version, 128 RandomResizedCrops of 300-500
-px JPEGs decoded by ``data.nvjpeg: preallocated``, to 224 x 224: 0.53 ms of GPU a batch against the torch ops' 0.83
-(56 kernels), 1.0 ms of the host a call against 2.8-3.2, 59 MiB of peak memory against 221; the per-image
-``F.interpolate`` reference's pixels within 0.0025 of 255 (mean 8e-5) against 0.28 (0.033). This separable version,
+px JPEGs decoded by ``data.nvjpeg: preallocated``, to 224 x 224: 0.53 ms of GPU a batch (with the concatenation of
+the separately decoded images in three of its four batches) against the torch ops' 0.83 (56 kernels), 1.0 ms of the
+host a call against 2.8-3.2, 59 MiB of peak memory against 221; the per-image ``F.interpolate`` reference's pixels
+within 0.0025 of 255 (mean 8e-5) against 0.28 (0.033). This separable version,
 alternated with the direct one on the same four batches of 128 crops (``bench/crop_kernel_time.py``, thirty-ninth
 session, two calls): 0.36 ms a batch against 0.44 (0.82), the same pixels (within 0.0032 of 255 of the reference, mean
 8.5e-5, both). It needs its 8 warps a program: with 4 it took 0.45.
@@ -65,7 +66,8 @@ BLOCK_Y, BLOCK_X, BLOCK_R = 16, 32, 16
 #: Warps a program: 256 threads, 2 of the tile's 512 output pixels each and 2 of a chunk's 512 row pixels. On an H200
 #: (bench/RESULTS.md, thirty-ninth session) 128 crops took 0.36 ms with 8 warps, 0.45 with 4 and 0.67 with 16; with 8,
 #: 64-column tiles took 0.55 and 32-row chunks 0.59; with 4, 32-row tiles 0.47 and 64-column ones 0.37. The direct
-#: version took 0.44 with 4 warps or 8: halving its instructions gained nothing until more warps hid the loads' latency.
+#: version took 0.44 with 4 warps or 8: the separable version's half as many instructions gained nothing until more
+#: warps hid the loads' latency.
 NUM_WARPS = 8
 
 AVAILABLE = triton is not None
@@ -159,6 +161,7 @@ if triton is not None:
         row = table + crop * INT_COLUMNS
         # The crop's first pixel as a pointer, its int64 offset added once: the offsets within the image (row x width
         # + column, less than a plane) are int32, whose arithmetic is one instruction an element (int64: two or more).
+        # A plane is at most image_loading.MAX_PIXELS (2**28) pixels: the workers send no larger image.
         crop_base = flat + tl.load(row + 0)
         width = tl.load(row + 1).to(tl.int32)
         plane = tl.load(row + 2)
@@ -203,8 +206,8 @@ if triton is not None:
         # taps_x x taps_y), then every output row weighs the chunk's rows, most of them by zero, as one small matmul.
         for chunk in range(lowest, highest + 1, BLOCK_R):
             # The last chunk's rows past the span read its last row again (weighed by zero: past every stored output
-            # row's support, or past the box), rather than masked loads, whose zeros for the masked lanes cost two
-            # more instructions a pixel (112 instead of 88 a tap in the loop below, compiled for sm_90).
+            # row's support, or past the box), rather than masked loads, whose zeros for the masked lanes cost more
+            # instructions (112 instead of 88 a tap in the loop below, 4 warps, compiled for sm_90).
             y = chunk + tl.arange(0, BLOCK_R)
             read_y = tl.minimum(y, highest) * width
             rows = (crop_base + read_y)[:, None]
@@ -224,7 +227,7 @@ if triton is not None:
             weight_y = _axis_weight(y[None, :], center_y[:, None], inverse_y, box_h)
             # IEEE float32: TF32 would round the weights and the rows' sums to 11 significant bits (about 0.1 of 255).
             # Triton lowers a float32 dot to FMAs: each thread keeps its accumulators and reads the operands from
-            # shared memory (compiled for sm_90: 192 FMAs and 58 shared loads a thread a chunk). The broadcast
+            # shared memory (compiled for sm_90 with 4 warps: 192 FMAs and 58 shared loads a thread a chunk). The
             # tl.sum(weight_y[:, :, None] * row_red[None], 1) compiles to the same code (Triton rewrites it as this
             # dot); "tf32x3" to tensor-core MMAs, but its operand splits take as many instructions.
             red = tl.dot(weight_y, row_red, red, input_precision="ieee")

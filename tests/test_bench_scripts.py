@@ -457,7 +457,15 @@ def test_crop_kernel_time_refuses_a_kernel_of_another_table(bench_script, tmp_pa
         bench_script("crop_kernel_time").load_variant(str(variant), 0)
 
 
-@pytest.mark.parametrize(("argv", "said"), [(["--launches", "0"], "--launches 0: give at least 1")])
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--launches", "0"], "--launches 0: give at least 1"),
+        (["--batch", "0"], "--batch 0: give at least 1"),
+        (["--rounds", "0"], "--rounds 0: give at least 1"),
+        (["--warmup", "-1"], "--warmup -1: give at least 0"),
+    ],
+)
 def test_crop_kernel_time_refuses_counts_it_cannot_time(bench_script, capsys, argv, said) -> None:
     with pytest.raises(SystemExit) as exit_:
         bench_script("crop_kernel_time").parse(["--data", "DIR", *argv])

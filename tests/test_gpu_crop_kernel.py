@@ -5,6 +5,7 @@ per-image reference."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import warnings
 from pathlib import Path
 
@@ -169,6 +170,13 @@ def test_a_tiles_input_rows_in_chunks_of_any_span(interpreted, monkeypatch):
     torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)
     one_pixel = samples[0].data[:, 3:4, 5:6].float().expand(3, SIZE, SIZE)
     torch.testing.assert_close(out[0], one_pixel, atol=0, rtol=1e-6)  # the 1 x 1 box: its pixel everywhere
+
+
+def test_the_row_weights_multiply_in_ieee_float32():
+    """The interpreter ignores ``tl.dot``'s ``input_precision``, so only a GPU run would show TF32 (the weights and
+    the rows' sums rounded to 11 significant bits, about 0.1 of 255): each of the three dots asks for IEEE float32."""
+    dots = re.findall(r"tl\.dot\(([^)]*)\)", gpu_crop_kernel._crop_resize_kernel.src)
+    assert len(dots) == 3 and all('input_precision="ieee"' in dot for dot in dots), dots
 
 
 def test_taps_cover_the_filters_support():
