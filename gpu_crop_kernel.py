@@ -25,10 +25,10 @@ Measured on an H200 (bench/RESULTS.md, thirty-eighth session), the direct versio
 px JPEGs decoded by ``data.nvjpeg: preallocated``, to 224 x 224: 0.53 ms of GPU a batch (with the concatenation of
 the separately decoded images in three of its four batches) against the torch ops' 0.83 (56 kernels), 1.0 ms of the
 host a call against 2.8-3.2, 59 MiB of peak memory against 221; the per-image ``F.interpolate`` reference's pixels
-within 0.0025 of 255 (mean 8e-5) against 0.28 (0.033). This separable version,
-alternated with the direct one on the same four batches of 128 crops (``bench/crop_kernel_time.py``, thirty-ninth
-session, two calls): 0.36 ms a batch against 0.44 (0.82), the same pixels (within 0.0032 of 255 of the reference, mean
-8.5e-5, both). It needs its 8 warps a program: with 4 it took 0.45.
+within 0.0025 of 255 (mean 8e-5) against 0.28 (0.033). This separable version, alternated with the direct one on
+the same four batches of 128 crops (``bench/crop_kernel_time.py``, thirty-ninth session, two calls): 0.36 ms a batch
+against 0.44 (0.82), the same pixels (within 0.0032 of 255 of the reference, mean 8.5e-5, both). It needs its 8 warps
+a program: with 4 it took 0.45.
 
 Triton comes with PyTorch's CUDA builds on Linux (``torch.compile`` generates its kernels with it). Where it cannot
 be imported or its first compile fails, :func:`gpu_decode.decode_crop_resize` warns once and uses the torch path. On
@@ -228,8 +228,8 @@ if triton is not None:
             # IEEE float32: TF32 would round the weights and the rows' sums to 11 significant bits (about 0.1 of 255).
             # Triton lowers a float32 dot to FMAs: each thread keeps its accumulators and reads the operands from
             # shared memory (compiled for sm_90 with 4 warps: 192 FMAs and 58 shared loads a thread a chunk). The
-            # tl.sum(weight_y[:, :, None] * row_red[None], 1) compiles to the same code (Triton rewrites it as this
-            # dot); "tf32x3" to tensor-core MMAs, but its operand splits take as many instructions.
+            # broadcast tl.sum(weight_y[:, :, None] * row_red[None], 1) compiles to the same code (Triton rewrites it
+            # as this dot); "tf32x3" to tensor-core MMAs, but its operand splits take as many instructions.
             red = tl.dot(weight_y, row_red, red, input_precision="ieee")
             green = tl.dot(weight_y, row_green, green, input_precision="ieee")
             blue = tl.dot(weight_y, row_blue, blue, input_precision="ieee")

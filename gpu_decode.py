@@ -40,12 +40,11 @@ loop of the first sessions (crop, cast, flip, ``F.interpolate`` per sample, ~6 o
 held the GIL on the prefetcher's producer thread against the training thread's own launches; the batched torch ops
 that replaced it, a fixed handful of launches a group of crops, still made 94 torch calls a batch of 128. Against
 those, on an H200 the kernel's GPU time (a concatenation included where the images were decoded apart) is 0.53
-instead of 0.83 ms a batch of 128, the call's host time (the host
-otherwise idle) 1.0 instead of 2.8-3.2 ms, the stage's peak memory 59 instead of 221 MiB, and its pixels are float32
-throughout (bench/RESULTS.md, thirty-eighth session); the kernel's separable version takes 0.82 of that first
-version's GPU time (thirty-ninth session). The batched torch ops do it on the CPU, where Triton cannot
-build its kernel (no C compiler for its launcher: one warning), with :data:`CROP_KERNEL` ``torch`` and with
-``gather="copy"`` (:func:`decode_crop_resize`):
+instead of 0.83 ms a batch of 128, the call's host time (the host otherwise idle) 1.0 instead of 2.8-3.2 ms, the
+stage's peak memory 59 instead of 221 MiB, and its pixels are float32 throughout (bench/RESULTS.md, thirty-eighth
+session); the kernel's separable version takes 0.82 of that first version's GPU time (thirty-ninth session). The
+batched torch ops do it on the CPU, where Triton cannot build its kernel (no C compiler for its launcher: one
+warning), with :data:`CROP_KERNEL` ``torch`` and with ``gather="copy"`` (:func:`decode_crop_resize`):
 
 1. gather: the crops of a group (below), padded to the group's largest, into one uint8 ``(n, Hp, 3, Wp)`` tensor.
    One index op reads row ``y`` of channel ``c`` of crop ``i`` from a sliding-window view of one flat buffer of the
