@@ -131,6 +131,20 @@ def reads_outside_the_boxes(monkeypatch, samples: list, images: list) -> list[in
     return outside
 
 
+def fused_from_one_buffer_read_inside_the_boxes(monkeypatch, samples: list, size: int) -> torch.Tensor:  # noqa: ANN001
+    """The samples' images put in one buffer and resized by the fused kernel into a NaN-filled ``(n, 3, size,
+    size)``, checked: loads were seen and none outside its crop's box, every pixel written (no NaN left) and right
+    against the per-image reference. Returns the output."""
+    images = one_buffer([sample.data for sample in samples])
+    outside = reads_outside_the_boxes(monkeypatch, samples, images)
+    out = torch.full((len(samples), 3, size, size), float("nan"))
+    assert gpu_decode._crop_resize_fused(samples, images, out)
+    assert outside and sum(outside) == 0
+    reference = decode_crop_resize_reference(samples, torch.device("cpu"), size)
+    torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)
+    return out
+
+
 def test_every_tile_of_a_larger_output_and_no_pixel_outside_the_box_is_read(interpreted, monkeypatch):
     """At 40 x 40 a crop's output is 3 x 2 tiles of 16 x 32, the last ones past its edge. Every uint8 address the
     interpreter loads is checked against the box of the crop it was read for."""
@@ -141,13 +155,7 @@ def test_every_tile_of_a_larger_output_and_no_pixel_outside_the_box_is_read(inte
         make_sample(textured_pixels(50, 40, seed=2), (12, 15, 28, 35), True, encoded=False),
         make_sample(textured_pixels(30, 20, seed=3), (5, 9, 15, 21), False, encoded=False),
     ]
-    images = one_buffer([sample.data for sample in samples])
-    outside = reads_outside_the_boxes(monkeypatch, samples, images)
-    out = torch.full((len(samples), 3, size, size), float("nan"))
-    assert gpu_decode._crop_resize_fused(samples, images, out)
-    assert outside and sum(outside) == 0  # loads were seen, none outside its crop's box
-    reference = decode_crop_resize_reference(samples, torch.device("cpu"), size)
-    torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)  # every tile written (no NaN left), each right
+    fused_from_one_buffer_read_inside_the_boxes(monkeypatch, samples, size)
 
 
 def test_a_tiles_input_rows_in_chunks_of_any_span(interpreted, monkeypatch):
@@ -161,13 +169,7 @@ def test_a_tiles_input_rows_in_chunks_of_any_span(interpreted, monkeypatch):
         make_sample(textured_pixels(width + 7, height + 4, seed=k), (3, 5, height, width), k % 2 == 1, encoded=False)
         for k, (height, width) in enumerate(boxes)
     ]
-    images = one_buffer([sample.data for sample in samples])
-    outside = reads_outside_the_boxes(monkeypatch, samples, images)
-    out = torch.full((len(samples), 3, SIZE, SIZE), float("nan"))
-    assert gpu_decode._crop_resize_fused(samples, images, out)
-    assert outside and sum(outside) == 0
-    reference = decode_crop_resize_reference(samples, torch.device("cpu"), SIZE)
-    torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)
+    out = fused_from_one_buffer_read_inside_the_boxes(monkeypatch, samples, SIZE)
     one_pixel = samples[0].data[:, 3:4, 5:6].float().expand(3, SIZE, SIZE)
     torch.testing.assert_close(out[0], one_pixel, atol=0, rtol=1e-6)  # the 1 x 1 box: its pixel everywhere
 
@@ -262,10 +264,4 @@ def test_offsets_within_an_image_past_sixteen_bits(interpreted, monkeypatch):
     bytes past its first pixel, in an image whose plane is over 2**17, read right (a narrower type would wrap)."""
     pixels = textured_pixels(1100, 130, seed=7)
     samples = [make_sample(pixels, (40, 150, 80, 900), flip, encoded=False) for flip in (False, True)]
-    images = one_buffer([sample.data for sample in samples])
-    outside = reads_outside_the_boxes(monkeypatch, samples, images)
-    out = torch.full((len(samples), 3, SIZE, SIZE), float("nan"))
-    assert gpu_decode._crop_resize_fused(samples, images, out)
-    assert outside and sum(outside) == 0
-    reference = decode_crop_resize_reference(samples, torch.device("cpu"), SIZE)
-    torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)
+    fused_from_one_buffer_read_inside_the_boxes(monkeypatch, samples, SIZE)
