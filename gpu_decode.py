@@ -563,15 +563,7 @@ def _crop_resize_fused(samples: list[Encoded], images: list[torch.Tensor], out: 
         offsets = np.cumsum([0] + [image.numel() for image in images[:-1]]).tolist()
     else:
         flat, offsets = shared
-    size = out.shape[-1]
-    rows, axes = [], []
-    for sample, (_, height, width), at in zip(samples, shapes, offsets, strict=True):
-        top, left, box_h, box_w = sample.box
-        rows.append((at + top * width + left, width, height * width, box_h, box_w, 0, 0, sample.flip))
-        axes.append(_filter_axes(sample, (height, width), size))
-    table, scales = np.array(rows, dtype=np.int64), np.array(axes, dtype=np.float64)
-    table[:, 5], table[:, 6] = gpu_crop_kernel.taps(scales[:, 2]), gpu_crop_kernel.taps(scales[:, 3])
-    parameters = scales[:, [2, 4, 3, 5]].astype(np.float32)  # scale and shift along y, then x
+    table, parameters = fused_table(samples, shapes, offsets, out.shape[-1])
     # The parameters first: 16 bytes a crop, so that the table after them starts 16-byte aligned whatever the count
     # (Triton would compile the kernel again for a table that is not; the buffer itself is).
     packed = np.concatenate([parameters.reshape(-1).view(np.uint8), table.reshape(-1).view(np.uint8)])
@@ -591,6 +583,29 @@ def _crop_resize_fused(samples: list[Encoded], images: list[torch.Tensor], out: 
             return False
         _FUSED_STATE = "verified"
     return True
+
+
+def fused_table(
+    samples: list[Encoded],
+    shapes: Sequence[Sequence[int]],
+    offsets: Sequence[int],
+    size: int,
+    taps: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The fused kernel's int64 table (:data:`gpu_crop_kernel.INT_COLUMNS`) and float32 parameters
+    (:data:`gpu_crop_kernel.FLOAT_COLUMNS`), a row a crop, C order; the images' ``(3, H, W)`` shapes and where each
+    starts in the flat buffer. ``taps``: the kernel's (default :func:`gpu_crop_kernel.taps`; bench/crop_kernel_time.py
+    gives each copy of the kernel its own)."""
+    taps = taps or gpu_crop_kernel.taps
+    rows, axes = [], []
+    for sample, (_, height, width), at in zip(samples, shapes, offsets, strict=True):
+        top, left, box_h, box_w = sample.box
+        rows.append((at + top * width + left, width, height * width, box_h, box_w, 0, 0, sample.flip))
+        axes.append(_filter_axes(sample, (height, width), size))
+    table, scales = np.array(rows, dtype=np.int64), np.array(axes, dtype=np.float64)
+    table[:, 5], table[:, 6] = taps(scales[:, 2]), taps(scales[:, 3])
+    # Scale and shift along y, then x; C order (numpy's fancy index keeps its result column-major).
+    return table, np.ascontiguousarray(scales[:, [2, 4, 3, 5]], dtype=np.float32)
 
 
 def _fused_failed(reason: str) -> None:

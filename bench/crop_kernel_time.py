@@ -16,7 +16,7 @@ batches, so that drift of the machine falls on all of them alike.
 ``torchvision.io.decode_jpeg`` on the GPU (one batched nvJPEG call a batch), RandomResizedCrop boxes (scale 0.08-1,
 as the app's loader) and flips drawn with ``--seed``. Each variant is a copy of gpu_crop_kernel.py (``--kernel-file``,
 repeatable; the repo's own without one), loaded under its own module name, and gets the table and parameters
-:func:`gpu_decode._crop_resize_fused` builds (its :func:`gpu_decode._filter_axes`, the variant's ``taps``), from the
+:func:`gpu_decode._crop_resize_fused` builds (:func:`gpu_decode.fused_table`, with the variant's ``taps``), from the
 images concatenated into one flat buffer (as for torchvision's separately allocated images). A round times, for each
 variant and batch, ``--launches`` launches between two CUDA events after ``--warmup`` untimed ones, queued while the
 stream sleeps (so that they run back to back, however long the host takes to launch them); the table gives
@@ -46,7 +46,7 @@ import gpu_decode  # noqa: E402
 from encoded_batch import Encoded  # noqa: E402
 
 EXTENSIONS = {".jpeg", ".jpg"}
-#: The table layout gpu_decode._crop_resize_fused writes, which this script writes the same way.
+#: The table layout gpu_decode.fused_table writes, for this script as for the app.
 INT_COLUMNS = ("start", "width", "plane", "box_h", "box_w", "taps_y", "taps_x", "flip")
 FLOAT_COLUMNS = ("scale_y", "shift_y", "scale_x", "shift_x")
 #: GPU clock cycles (about 10 ms) the stream sleeps before each timed series while the host queues its launches.
@@ -91,7 +91,7 @@ def load_variant(path: str, index: int) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if tuple(module.INT_COLUMNS) != INT_COLUMNS or tuple(module.FLOAT_COLUMNS) != FLOAT_COLUMNS:
-        raise SystemExit(f"--kernel-file {path}: another table layout than gpu_decode._crop_resize_fused writes")
+        raise SystemExit(f"--kernel-file {path}: another table layout than gpu_decode.fused_table writes")
     return module
 
 
@@ -124,21 +124,12 @@ def decode_batches(a: argparse.Namespace, device: torch.device) -> list[tuple[li
 
 def build(module: ModuleType, samples: list[Encoded], images: list[torch.Tensor], size: int) -> tuple:
     """``(flat, table, parameters)`` for ``module.launch``, as :func:`gpu_decode._crop_resize_fused` builds them
-    from separately allocated images (one concatenation)."""
-    flat = torch.cat([image.reshape(-1) for image in images])
+    from separately allocated images (one concatenation), with ``module``'s own taps."""
+    flat = gpu_decode._flatten_dense_tensors(images)
     offsets = np.cumsum([0] + [image.numel() for image in images[:-1]]).tolist()
-    rows, axes = [], []
-    for sample, image, at in zip(samples, images, offsets, strict=True):
-        _, height, width = image.shape
-        top, left, box_h, box_w = sample.box
-        rows.append((at + top * width + left, width, height * width, box_h, box_w, 0, 0, sample.flip))
-        axes.append(gpu_decode._filter_axes(sample, (height, width), size))
-    table, scales = np.array(rows, dtype=np.int64), np.array(axes, dtype=np.float64)
-    table[:, 5], table[:, 6] = module.taps(scales[:, 2]), module.taps(scales[:, 3])
-    # Scale and shift along y, then x; C order (numpy's fancy index keeps its result column-major).
-    parameters = np.ascontiguousarray(scales[:, [2, 4, 3, 5]], dtype=np.float32)
-    device = flat.device
-    return flat, torch.from_numpy(table).to(device), torch.from_numpy(parameters).to(device)
+    shapes = [image.shape for image in images]
+    table, parameters = gpu_decode.fused_table(samples, shapes, offsets, size, taps=module.taps)
+    return flat, torch.from_numpy(table).to(flat.device), torch.from_numpy(parameters).to(flat.device)
 
 
 def main(argv: list[str] | None = None) -> None:
