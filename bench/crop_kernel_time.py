@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import random
 import statistics
 import sys
 from pathlib import Path
@@ -41,6 +40,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from decode_bench import folder_files  # noqa: E402 (bench/, the script's own folder)
 
 import gpu_decode  # noqa: E402
 from encoded_batch import Encoded  # noqa: E402
@@ -100,13 +101,8 @@ def decode_batches(a: argparse.Namespace, device: torch.device) -> list[tuple[li
     from torchvision import transforms
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
-    folder = Path(a.data) / "train" if (Path(a.data) / "train").is_dir() else Path(a.data)
-    files = sorted(str(f) for f in folder.glob("*/*") if f.suffix.lower() in EXTENSIONS)
-    if not files:
-        raise SystemExit(f"no JPEGs under {folder}/<class>/")
-    random.Random(a.seed).shuffle(files)
     needed = a.batch * a.batches
-    files = (files * (needed // len(files) + 1))[:needed]  # a small folder is cycled
+    files = folder_files(a.data, a.seed, needed, EXTENSIONS)  # JPEGs only: nvJPEG decodes them
     torch.manual_seed(a.seed)
     batches = []
     for first in range(0, needed, a.batch):

@@ -80,14 +80,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def load_batches(a: argparse.Namespace) -> list[list[Encoded]]:
-    folder = Path(a.data) / "train" if (Path(a.data) / "train").is_dir() else Path(a.data)
-    files = sorted(str(f) for f in folder.glob("*/*") if f.suffix.lower() in EXTENSIONS)
+def folder_files(data: str, seed: int, needed: int, extensions: set[str] = EXTENSIONS) -> list[str]:
+    """``needed`` files of ``data/train/<class>/`` (or ``data/<class>/``) with those extensions, in an order shuffled
+    by ``seed``; a small folder is cycled. Also bench/crop_kernel_time.py's."""
+    folder = Path(data) / "train" if (Path(data) / "train").is_dir() else Path(data)
+    files = sorted(str(f) for f in folder.glob("*/*") if f.suffix.lower() in extensions)
     if not files:
-        raise SystemExit(f"no images under {folder}/<class>/")
-    random.Random(a.seed).shuffle(files)
+        raise SystemExit(f"no {', '.join(sorted(extensions))} files under {folder}/<class>/")
+    random.Random(seed).shuffle(files)
+    return (files * (needed // len(files) + 1))[:needed]
+
+
+def load_batches(a: argparse.Namespace) -> list[list[Encoded]]:
     needed = a.batch * a.batches
-    files = (files * (needed // len(files) + 1))[:needed]  # a small folder is cycled
+    files = folder_files(a.data, a.seed, needed)
     resize = round(a.size * 256 / 224)
     pil_loader = ImageLoader(draft_min_side=min_decode_side(a.size, 0.08, resize))  # as the app's, for non-JPEGs
     loader = EncodedSampleLoader(True, a.size, 0.08, resize, pil_loader)
