@@ -47,9 +47,6 @@ import gpu_decode  # noqa: E402
 from encoded_batch import Encoded  # noqa: E402
 
 EXTENSIONS = {".jpeg", ".jpg"}
-#: The table layout gpu_decode.fused_table writes, for this script as for the app.
-INT_COLUMNS = ("start", "width", "plane", "box_h", "box_w", "taps_y", "taps_x", "flip")
-FLOAT_COLUMNS = ("scale_y", "shift_y", "scale_x", "shift_x")
 #: GPU clock cycles (about 10 ms) the stream sleeps before each timed series while the host queues its launches.
 QUEUE_CYCLES = 20_000_000
 #: Where the batches are decoded and the kernels run.
@@ -91,7 +88,9 @@ def load_variant(path: str, index: int) -> ModuleType:
         raise SystemExit(f"--kernel-file {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if tuple(module.INT_COLUMNS) != INT_COLUMNS or tuple(module.FLOAT_COLUMNS) != FLOAT_COLUMNS:
+    # The layout gpu_decode.fused_table writes (the repo's gpu_crop_kernel.py), for this script as for the app.
+    layout = (gpu_decode.gpu_crop_kernel.INT_COLUMNS, gpu_decode.gpu_crop_kernel.FLOAT_COLUMNS)
+    if (tuple(module.INT_COLUMNS), tuple(module.FLOAT_COLUMNS)) != layout:
         raise SystemExit(f"--kernel-file {path}: another table layout than gpu_decode.fused_table writes")
     return module
 
