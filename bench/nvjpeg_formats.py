@@ -15,6 +15,13 @@ interleaved RGB ran one ``rgba2rgb`` kernel per image on the SMs (0.37-0.39 ms a
 device-to-device copies per image (0.70 ms), its call 1.0-1.3 ms longer: the figures of the session script this one was
 made from (the same calls, mean wall times). This script, on another H200 (thirty-ninth session): rgb 5.15 and 5.13 ms
 a call, 128 ``rgba2rgb`` 0.38 ms; rgbi 5.10, 0.38 ms; yuv 6.03, none, 384 device-to-device copies 0.71 ms.
+
+With both ``rgb`` and ``yuv`` among ``--formats``, a second table compares the two outputs of the same JPEGs: the RGB
+that JFIF's YCbCr conversion (:func:`yuv_to_rgb`) gives from the YUV planes, their chroma upsampled by nearest
+neighbour or bilinearly (:func:`upsample`), against nvJPEG's own RGB, pixel by pixel and after a 224 x 224 antialiased
+resize of the whole image; and, resized, the conversion done after the resize (linear, so the planes can be resized
+first and only the output converted) without the per-pixel rounding and clamping. It says how closely a crop kernel
+reading the YUV planes would reproduce what the app reads now.
 """
 
 from __future__ import annotations
@@ -26,11 +33,16 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMATS = {"rgb": 3, "rgbi": 5, "yuv": 1}  # nvjpegOutputFormat_t
 PREALLOCATE_SIDE = 512
 WARMUP = 3
+#: Side of the resize the second table compares after (the app's crop size).
+COMPARE_SIZE = 224
+#: How :func:`upsample` may bring a chroma plane to the image's size.
+UPSAMPLING = ("nearest", "bilinear")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -84,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     probe = nb.BatchedDecoder("cuda", a.count, PREALLOCATE_SIDE, PREALLOCATE_SIDE)
     try:
         sizes = [probe._inspect(k, jpeg) for k, jpeg in enumerate(jpegs)]
+        components = [_components(probe, jpeg) for jpeg in jpegs]
     finally:
         probe.close()
     refused = [str(chosen[k]) for k, size in enumerate(sizes) if size is None]
@@ -93,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     data = (ctypes.c_void_p * a.count)(*[jpeg.data_ptr() for jpeg in jpegs])
     lengths = (ctypes.c_size_t * a.count)(*[jpeg.numel() for jpeg in jpegs])
     print("| output | wall ms a call | SM kernels a call | copies a call |\n|---|---|---|---|")
+    outputs: dict[str, Any] = {}
     for name in a.formats:
         fmt = FORMATS[name]
         handle, state = ctypes.c_void_p(), ctypes.c_void_p()
@@ -122,10 +136,102 @@ def main(argv: list[str] | None = None) -> None:
                     _decode(*call)
             print(f"| {name} | {statistics.median(walls):.2f} | {_summary(prof, a.calls, copies=False)} | "
                   f"{_summary(prof, a.calls, copies=True)} |")  # fmt: skip
+            outputs[name] = (out, planes)
         finally:
             if state:
                 lib.nvjpegJpegStateDestroy(state)
             lib.nvjpegDestroy(handle)
+
+    if "rgb" in outputs and "yuv" in outputs:
+        rgb = [_plane_views(*outputs["rgb"], k, [size] * 3) for k, size in enumerate(sizes)]
+        yuv = [_plane_views(*outputs["yuv"], k, components[k]) for k in range(a.count)]
+        print(f"\n{compare(rgb, yuv)}")
+
+
+def _components(probe, jpeg) -> list[tuple[int, int]]:
+    """(height, width) of each of the JPEG's components as nvJPEG reads its header (one for a gray JPEG)."""
+    count, subsampling = ctypes.c_int(), ctypes.c_int()
+    widths, heights = (ctypes.c_int * 4)(), (ctypes.c_int * 4)()
+    status = probe.header_lib.nvjpegGetImageInfo(
+        probe.handle, ctypes.c_void_p(jpeg.data_ptr()), jpeg.numel(), ctypes.byref(count), ctypes.byref(subsampling),
+        widths, heights,
+    )  # fmt: skip
+    if status != 0:
+        sys.exit(f"nvjpeg_formats.py: nvjpegGetImageInfo failed ({status})")
+    return [(heights[c], widths[c]) for c in range(count.value)]
+
+
+def _plane_views(out, planes, k: int, shapes: list[tuple[int, int]]) -> list:
+    """Image ``k``'s planes in the buffer ``out`` as ``(height, width)`` views of their rows (pitch apart)."""
+    views = []
+    for (offset, pitch), (height, width) in zip(planes[k], shapes, strict=False):
+        views.append(out[offset : offset + height * pitch].view(height, pitch)[:, :width])
+    return views
+
+
+def upsample(plane, height: int, width: int, how: str):
+    """A chroma plane (float ``(h, w)``) brought to ``height x width``: each sample repeated over the luma pixels it
+    covers (``nearest``) or interpolated between sample centers (``bilinear``, libjpeg's "fancy" upsampling at 2x)."""
+    import torch.nn.functional as F
+
+    factor_y, factor_x = -(-height // plane.shape[0]), -(-width // plane.shape[1])
+    if how == "nearest":
+        full = plane.repeat_interleave(factor_y, 0).repeat_interleave(factor_x, 1)
+    elif how == "bilinear":
+        size = (plane.shape[0] * factor_y, plane.shape[1] * factor_x)
+        full = F.interpolate(plane[None, None], size=size, mode="bilinear", align_corners=False)[0, 0]
+    else:
+        raise ValueError(f"upsampling {how!r}: valid are {', '.join(UPSAMPLING)}")
+    return full[:height, :width]
+
+
+def yuv_to_rgb(y, cb, cr):
+    """JFIF's YCbCr to RGB (full range, BT.601 weights) of float planes of one size, neither rounded nor clamped."""
+    import torch
+
+    cb, cr = cb - 128.0, cr - 128.0
+    return torch.stack((y + 1.402 * cr, y - 0.344136 * cb - 0.714136 * cr, y + 1.772 * cb))
+
+
+def _full_yuv(yuv: list, how: str):
+    """Float ``(3, H, W)`` Y, Cb, Cr of one image, the chroma upsampled ``how`` (a gray image: Cb = Cr = 128)."""
+    import torch
+
+    y = yuv[0].float()
+    if len(yuv) == 1:
+        return torch.stack((y, torch.full_like(y, 128.0), torch.full_like(y, 128.0)))
+    return torch.stack([y, *(upsample(plane.float(), *y.shape, how) for plane in yuv[1:3])])
+
+
+def compare(rgb: list, yuv: list, size: int = COMPARE_SIZE) -> str:
+    """A Markdown table: how far RGB converted from each image's planes ``yuv`` is from nvJPEG's ``rgb``, over all
+    images (pixels of 0..255): per pixel (rounded and clamped to uint8, as nvJPEG's output is) and after an antialiased
+    resize of the whole image to ``size`` (of the per-pixel conversion, and of the conversion after the resize)."""
+    import torch
+    import torch.nn.functional as F
+
+    def resized(image):
+        return F.interpolate(image[None], size=(size, size), mode="bilinear", antialias=True)[0]
+
+    rows = {}
+    for how in UPSAMPLING:
+        pixel, small, linear = [], [], []
+        for reference, planes in zip(rgb, yuv, strict=True):
+            reference = torch.stack(reference).float()
+            full = _full_yuv(planes, how)
+            converted = yuv_to_rgb(*full).round().clamp(0, 255)
+            pixel.append((converted - reference).abs().flatten())
+            target = resized(reference)
+            small.append((resized(converted) - target).abs().flatten())
+            linear.append((yuv_to_rgb(*resized(full)).clamp(0, 255) - target).abs().flatten())
+        for label, diffs in (("per pixel", pixel), ("resized", small), ("resized, converted after", linear)):
+            d = torch.cat(diffs)
+            rows[f"{how}, {label}"] = (d.max().item(), d.mean().item(), (d == 0).float().mean().item(),
+                                       (d <= 1).float().mean().item())  # fmt: skip
+    lines = ["| chroma upsampling, compared | max | mean | exact | within 1 |", "|---|---|---|---|---|"]
+    lines += [f"| {name} | {m:.2f} | {mean:.4f} | {exact:.4f} | {one:.4f} |" for name, (m, mean, exact, one) in
+              rows.items()]  # fmt: skip
+    return "\n".join(lines)
 
 
 def _decode(lib, nb, handle, state, count, fmt, data, lengths, images, stream) -> None:

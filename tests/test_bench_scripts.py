@@ -344,6 +344,46 @@ def test_nvjpeg_formats_lays_out_each_format_in_one_buffer(bench_script) -> None
     assert layout(sizes, "rgbi") == (87, [[(0, 15)], [(45, 21)]])
 
 
+def test_nvjpeg_formats_upsamples_chroma_to_the_image_and_converts_jfif(bench_script) -> None:
+    formats = bench_script("nvjpeg_formats")
+    plane = torch.tensor([[10.0, 20.0], [30.0, 40.0]])
+    # An odd-sized 4:2:0 image: 3 x 3 luma, 2 x 2 chroma; the last row and column of the upsampled plane are cut.
+    assert formats.upsample(plane, 3, 3, "nearest").tolist() == [[10, 10, 20], [10, 10, 20], [30, 30, 40]]
+    assert formats.upsample(plane, 4, 2, "nearest").tolist() == [
+        [10, 20], [10, 20], [30, 40], [30, 40]]  # fmt: skip
+    assert formats.upsample(plane, 4, 4, "bilinear")[1, 1].item() == pytest.approx(10 * 9 / 16 + 20 * 3 / 16 +
+                                                                                  30 * 3 / 16 + 40 / 16)  # fmt: skip
+    with pytest.raises(ValueError, match="upsampling 'cubic': valid are nearest, bilinear"):
+        formats.upsample(plane, 4, 4, "cubic")
+    # JFIF: gray stays gray; pure red's Cr (V) is 255 - 0.5 and so on (the forward transform's values).
+    gray = formats.yuv_to_rgb(torch.tensor([77.0]), torch.tensor([128.0]), torch.tensor([128.0]))
+    assert gray.flatten().tolist() == [77.0, 77.0, 77.0]
+    red = formats.yuv_to_rgb(torch.tensor([76.245]), torch.tensor([84.972]), torch.tensor([255.5]))
+    assert red.flatten().tolist() == pytest.approx([255.0, 0.0, 0.0], abs=0.01)
+
+
+def test_nvjpeg_formats_compare_finds_rgb_made_from_the_planes_exact(bench_script) -> None:
+    formats = bench_script("nvjpeg_formats")
+    generator = torch.Generator().manual_seed(0)
+    images = []
+    for height, width in ((9, 13), (8, 8)):
+        y = torch.randint(0, 256, (height, width), generator=generator, dtype=torch.uint8)
+        chroma = [torch.randint(0, 256, (-(-height // 2), -(-width // 2)), generator=generator, dtype=torch.uint8)
+                  for _ in range(2)]  # fmt: skip
+        full = [formats.upsample(c.float(), height, width, "nearest") for c in chroma]
+        rgb = formats.yuv_to_rgb(y.float(), *full).round().clamp(0, 255).to(torch.uint8)
+        images.append((list(rgb), [y, *chroma]))
+    gray = torch.randint(0, 256, (5, 6), generator=generator, dtype=torch.uint8)
+    images.append(([gray, gray, gray], [gray]))
+    table = formats.compare([rgb for rgb, _ in images], [yuv for _, yuv in images], size=4)
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in table.splitlines()[2:]}
+    assert rows["nearest, per pixel"][:3] == ["0.00", "0.0000", "1.0000"]
+    assert float(rows["nearest, resized"][0]) < 1e-3
+    assert float(rows["bilinear, per pixel"][0]) > 1  # random chroma: its interpolation differs
+    assert set(rows) == {f"{how}, {label}" for how in ("nearest", "bilinear")
+                         for label in ("per pixel", "resized", "resized, converted after")}  # fmt: skip
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only exit")
 def test_nvjpeg_formats_says_it_needs_a_gpu(tmp_path) -> None:
     done = subprocess.run(
