@@ -61,23 +61,8 @@ def normalize(
     std: torch.Tensor,
     memory_format: torch.memory_format = torch.contiguous_format,
 ) -> torch.Tensor:
-    """Casts a uint8 NCHW batch to float32 and normalizes it per channel; ``mean``/``std`` are ``(1, C, 1, 1)`` on the
-    0..255 scale.
-
-    In channels_last memory a pixel's C values are adjacent, and a ``(1, C, 1, 1)`` operand's strides (1 along C, 0
-    along W) keep TensorIterator from merging C with W: its kernel then walks the batch C elements at a time through
-    its general offset arithmetic instead of vectorized runs. So channels_last batches are normalized as rows of ``W x
-    C`` values against the statistics repeated ``W`` times (one small tensor made per call): the same subtraction and
-    division of each element, the same bits. On an H200 under fp16 eager ResNet-50 training on JPEGs, skipping the
-    broadcast normalization gained about 0.7 ms a 256-image step (bench/RESULTS.md, fortieth session).
-    """
+    """Casts a uint8 NCHW batch to float32 and normalizes it per channel; ``mean``/``std`` are on the 0..255 scale."""
     out = images.to(memory_format=memory_format).float()
-    if out.dim() == 4 and not out.is_contiguous() and out.is_contiguous(memory_format=torch.channels_last):
-        n, c, h, w = out.shape
-        rows = out.permute(0, 2, 3, 1).view(n * h, w * c)
-        pattern = torch.cat((mean.reshape(1, c), std.reshape(1, c))).repeat(1, w)  # [m0, m1, m2, m0, ...], [s0, ...]
-        rows.sub_(pattern[0]).div_(pattern[1])
-        return out
     return out.sub_(mean).div_(std)
 
 

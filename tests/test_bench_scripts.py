@@ -384,21 +384,6 @@ def test_nvjpeg_formats_compare_finds_rgb_made_from_the_planes_exact(bench_scrip
                          for label in ("per pixel", "resized", "resized, converted after")}  # fmt: skip
 
 
-def test_normalize_time_times_both_normalizations_and_finds_the_same_bits(bench_script, capsys) -> None:
-    bench_script("normalize_time").main(["--batch", "3", "--size", "9", "--calls", "2", "--rounds", "2", "--device",
-                                         "cpu", "--input", "uint8"])  # fmt: skip
-    out = capsys.readouterr().out
-    assert "3 x 3 x 9 x 9 uint8 -> float32 channels_last; same bits: yes" in out
-    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
-    assert set(rows) == {"broadcast", "rows"} and all(len(times) == 3 for times in rows.values())  # median, 2 rounds
-
-
-def test_normalize_time_refuses_counts_below_one(bench_script, capsys) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        bench_script("normalize_time").parse(["--calls", "0"])
-    assert exit_.value.code == 2 and "--calls 0: give at least 1" in capsys.readouterr().err
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only exit")
 def test_nvjpeg_formats_says_it_needs_a_gpu(tmp_path) -> None:
     done = subprocess.run(

@@ -19,7 +19,6 @@ from prefetcher import (
     DevicePrefetcher,
     SyntheticBatches,
     name_os_thread,
-    normalize,
 )
 
 #: The ImageNet statistics on the 0..1 scale, as torchvision documents them.
@@ -94,26 +93,6 @@ def test_channels_last_option() -> None:
         assert not b.is_contiguous()
         assert a.is_contiguous()
         assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (3, 3, 4, 1), (1, 3, 1, 1), (2, 4, 3, 2)])
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
-def test_channels_last_batches_are_normalized_as_rows_to_the_broadcasts_bits(shape, dtype) -> None:
-    """The rows of W x C values against the statistics repeated W times: each element minus its channel's mean,
-    divided by its channel's std, exactly the broadcast's float32 operations; in place on a float32 batch in that
-    format (gpu_decode hands one over). Distinct statistics per channel: a pattern repeated out of order fails."""
-    generator = torch.Generator().manual_seed(1)
-    images = torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8).to(dtype)
-    mean = (torch.rand(shape[1], generator=generator) * 255).view(1, -1, 1, 1)
-    std = (torch.rand(shape[1], generator=generator) * 60 + 1).view(1, -1, 1, 1)
-    expected = images.float().sub(mean).div(std)
-    for memory_format in (torch.channels_last, torch.contiguous_format):
-        batch = images.to(memory_format=memory_format)
-        out = normalize(batch, mean, std, memory_format)
-        assert out.dtype == torch.float32 and out.is_contiguous(memory_format=memory_format)
-        assert torch.equal(out, expected)
-        if dtype == torch.float32:
-            assert out.data_ptr() == batch.data_ptr()
 
 
 def test_proxies_the_wrapped_loader() -> None:
