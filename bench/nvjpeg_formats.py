@@ -21,7 +21,9 @@ that JFIF's YCbCr conversion (:func:`yuv_to_rgb`) gives from the YUV planes, the
 neighbour or bilinearly (:func:`upsample`), against nvJPEG's own RGB, pixel by pixel and after a 224 x 224 antialiased
 resize of the whole image; and, resized, the conversion done after the resize (linear, so the planes can be resized
 first and only the output converted) without the per-pixel rounding and clamping. It says how closely a crop kernel
-reading the YUV planes would reproduce what the app reads now.
+reading the YUV planes would reproduce what the app reads now. On an H200 (fortieth session, 128 JPEGs, 4:2:0):
+nearest chroma gives nvJPEG's RGB on 99.99% of the values (max 1), bilinear up to 96 off; converted after the resize,
+up to 25.6 off (mean 0.42).
 """
 
 from __future__ import annotations
