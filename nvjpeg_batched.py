@@ -299,18 +299,26 @@ class BatchedDecoder:
         """Takes over ``old``'s checks of the workers' sizes (a decoder remade larger goes on where it was)."""
         self.checked, self.trust_known = old.checked, old.trust_known
 
-    def _inspect(self, k: int, jpeg: torch.Tensor) -> tuple[int, int] | None:
-        """(height, width) from the header when the hardware decoder takes the JPEG, else None."""
+    def image_info(self, k: int, jpeg: torch.Tensor) -> tuple[list[tuple[int, int]], int]:
+        """(height, width) of each of JPEG ``k``'s components (one for a gray JPEG) and its chroma subsampling
+        (``nvjpegChromaSubsampling_t``; :data:`CSS_UNKNOWN` for one nvJPEG does not know), as nvJPEG reads the header
+        (``nvjpegGetImageInfo``). Raises :class:`NvjpegError` for a header it cannot read."""
         _checked(k, jpeg)
         components, subsampling = ctypes.c_int(), ctypes.c_int()
         widths, heights = (ctypes.c_int * NVJPEG_MAX_COMPONENT)(), (ctypes.c_int * NVJPEG_MAX_COMPONENT)()
-        pointer, length = ctypes.c_void_p(jpeg.data_ptr()), jpeg.numel()
         status = self.header_lib.nvjpegGetImageInfo(
-            self.handle, pointer, length, ctypes.byref(components), ctypes.byref(subsampling), widths, heights
-        )
+            self.handle, ctypes.c_void_p(jpeg.data_ptr()), jpeg.numel(), ctypes.byref(components),
+            ctypes.byref(subsampling), widths, heights,
+        )  # fmt: skip
         _check(f"nvjpegGetImageInfo (JPEG {k})", status)
-        if subsampling.value == CSS_UNKNOWN or min(widths[0], heights[0]) < 1:
+        return [(heights[c], widths[c]) for c in range(components.value)], subsampling.value
+
+    def _inspect(self, k: int, jpeg: torch.Tensor) -> tuple[int, int] | None:
+        """(height, width) from the header when the hardware decoder takes the JPEG, else None."""
+        components, subsampling = self.image_info(k, jpeg)
+        if subsampling == CSS_UNKNOWN or not components or min(components[0]) < 1:
             return None
+        pointer, length = ctypes.c_void_p(jpeg.data_ptr()), jpeg.numel()
         _check(f"nvjpegJpegStreamParseHeader (JPEG {k})", self.header_lib.nvjpegJpegStreamParseHeader(
             self.handle, pointer, length, self.parser
         ))  # fmt: skip
@@ -318,7 +326,7 @@ class BatchedDecoder:
         _check("nvjpegDecodeBatchedSupported", self.header_lib.nvjpegDecodeBatchedSupported(
             self.handle, self.parser, ctypes.byref(supported)
         ))  # fmt: skip
-        return (heights[0], widths[0]) if supported.value == 0 else None  # 0: the hardware takes it
+        return components[0] if supported.value == 0 else None  # 0: the hardware takes it
 
     def close(self) -> None:
         """Frees the parser, the state and the handle (waits for the device: call it outside the hot loop)."""

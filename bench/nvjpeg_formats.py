@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     probe = nb.BatchedDecoder("cuda", a.count, PREALLOCATE_SIDE, PREALLOCATE_SIDE)
     try:
         sizes = [probe._inspect(k, jpeg) for k, jpeg in enumerate(jpegs)]
-        components = [_components(probe, jpeg) for jpeg in jpegs]
+        components = [probe.image_info(k, jpeg)[0] for k, jpeg in enumerate(jpegs)]
     finally:
         probe.close()
     refused = [str(chosen[k]) for k, size in enumerate(sizes) if size is None]
@@ -148,19 +148,6 @@ def main(argv: list[str] | None = None) -> None:
         rgb = [_plane_views(*outputs["rgb"], k, [size] * 3) for k, size in enumerate(sizes)]
         yuv = [_plane_views(*outputs["yuv"], k, components[k]) for k in range(a.count)]
         print(f"\n{compare(rgb, yuv)}")
-
-
-def _components(probe, jpeg) -> list[tuple[int, int]]:
-    """(height, width) of each of the JPEG's components as nvJPEG reads its header (one for a gray JPEG)."""
-    count, subsampling = ctypes.c_int(), ctypes.c_int()
-    widths, heights = (ctypes.c_int * 4)(), (ctypes.c_int * 4)()
-    status = probe.header_lib.nvjpegGetImageInfo(
-        probe.handle, ctypes.c_void_p(jpeg.data_ptr()), jpeg.numel(), ctypes.byref(count), ctypes.byref(subsampling),
-        widths, heights,
-    )  # fmt: skip
-    if status != 0:
-        sys.exit(f"nvjpeg_formats.py: nvjpegGetImageInfo failed ({status})")
-    return [(heights[c], widths[c]) for c in range(count.value)]
 
 
 def _plane_views(out, planes, k: int, shapes: list[tuple[int, int]]) -> list:

@@ -248,6 +248,23 @@ def test_the_preallocated_decoder_gives_torchvisions_pixels():
         decoder.decode(jpegs)
 
 
+@pytest.mark.gpu
+def test_image_info_gives_each_components_size_and_the_subsampling():
+    # nvjpegChromaSubsampling_t: 4:4:4 0, 4:2:2 1, 4:2:0 2, gray 6; chroma planes round up (odd sides)
+    decoder = BatchedDecoder("cuda", batch_size=1, max_height=64, max_width=64)
+    try:
+        assert decoder.image_info(0, jpeg_of(301, 199, 0)) == ([(199, 301), (100, 151), (100, 151)], 2)
+        assert decoder.image_info(1, jpeg_of(301, 199, 1, subsampling=0)) == ([(199, 301)] * 3, 0)
+        assert decoder.image_info(2, jpeg_of(301, 199, 2, subsampling=1)) == ([(199, 301), (199, 151), (199, 151)], 1)
+        assert decoder.image_info(3, jpeg_of(80, 64, 3, gray=True)) == ([(64, 80)], 6)
+        with pytest.raises(NvjpegError, match=r"nvjpegGetImageInfo \(JPEG 4\) failed"):
+            decoder.image_info(4, torch.zeros(100, dtype=torch.uint8))
+        with pytest.raises(ValueError, match="JPEG 5: expected contiguous uint8 1-D bytes on the CPU"):
+            decoder.image_info(5, jpeg_of(8, 8, 5).cuda())
+    finally:
+        decoder.close()
+
+
 def variety() -> list[torch.Tensor]:
     """JPEGs of every kind hardware_size vouches for, from one pixel to 4096 x 3072 and 8192 x 16, and a progressive
     one it does not."""
