@@ -111,10 +111,11 @@ def main(argv: list[str] | None = None) -> None:
     outputs: dict[str, Any] = {}
     for name in a.formats:
         fmt = FORMATS[name]
-        handle, state = ctypes.c_void_p(), ctypes.c_void_p()
-        nb._check("nvjpegCreateEx", lib.nvjpegCreateEx(nb.BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle)))
+        # The app's decoder makes the handle, state and parser (and frees them); only the preallocation's format is
+        # this script's own: BatchedDecoder preallocates for planar RGB, what the app decodes to.
+        decoder = nb.BatchedDecoder("cuda", a.count, PREALLOCATE_SIDE, PREALLOCATE_SIDE, preallocate=False)
         try:
-            nb._check("nvjpegJpegStateCreate", lib.nvjpegJpegStateCreate(handle, ctypes.byref(state)))
+            handle, state = decoder.handle, decoder.state
             nb._check("nvjpegDecodeBatchedPreAllocate", lib.nvjpegDecodeBatchedPreAllocate(
                 handle, state, a.count, PREALLOCATE_SIDE, PREALLOCATE_SIDE, nb.CSS_444, fmt
             ))  # fmt: skip
@@ -140,9 +141,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{_summary(prof, a.calls, copies=True)} |")  # fmt: skip
             outputs[name] = (out, planes)
         finally:
-            if state:
-                lib.nvjpegJpegStateDestroy(state)
-            lib.nvjpegDestroy(handle)
+            decoder.close()
 
     if "rgb" in outputs and "yuv" in outputs:
         rgb = [_plane_views(*outputs["rgb"], k, [size] * 3) for k, size in enumerate(sizes)]
