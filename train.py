@@ -14,6 +14,7 @@ Every option lives in the config and can be overridden on the command line (``--
 from __future__ import annotations
 
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any, NoReturn
@@ -50,6 +51,9 @@ from run_logger import NewRunFolder, RunLogger
 
 #: This application's folder: warnings raised from its files print without their source line.
 APP_DIR = str(Path(__file__).resolve().parent)
+#: How long a rank > 0 waits for rank 0 to say a refusal they both hit in the run, before saying it itself: longer
+#: than the ranks are apart at a check (a checkpoint's load at most), short beside a job's start-up.
+RANK_ZERO_FIRST_S = 10.0
 
 
 class ImageNetCLI(LightningCLI):
@@ -189,7 +193,22 @@ class ImageNetCLI(LightningCLI):
                 raise
             if new_folder is not None:
                 new_folder.take_back()
+            self._let_rank_zero_say_it()
             self._refuse(said)
+
+    def _let_rank_zero_say_it(self) -> None:
+        """On a rank > 0, holds back a refusal raised in the run for up to :data:`RANK_ZERO_FIRST_S`.
+
+        Under DDP every rank runs the checks of set-up and of the restore, and with the same configuration and
+        checkpoint they refuse alike: each printed the same message to the one terminal, once per rank that got to it
+        before rank 0 killed it (its ``PreemptionHandler.on_exception`` kills the child ranks of Lightning's launcher
+        when it fails; torchrun kills the other workers when one fails). Held back here, such a rank is killed
+        unheard. A rank > 0 that exited at once instead, silently, could get rank 0 killed before it printed
+        (Lightning's launcher kills rank 0 when a child exits non-zero), and the job would say nothing. A refusal of
+        this rank alone (rank 0 went on: a file only its node lacks) is said after the wait.
+        """
+        if self.trainer.global_rank > 0:
+            time.sleep(RANK_ZERO_FIRST_S)
 
     def _new_run_folder(self) -> NewRunFolder | None:
         """What this run is about to write before its first step (rank 0 writes it): the CSV logger's folder, or,

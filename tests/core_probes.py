@@ -7,6 +7,7 @@ of a run it started through the real CLI, in this process or in a ``python train
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +97,15 @@ class LRLog(Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
         self.lr[trainer.global_step] = trainer.optimizers[0].param_groups[0]["lr"]
         self.epoch[trainer.global_step] = trainer.current_epoch
+
+
+class SlowFailure(Callback):
+    """Holds rank 0 for ``seconds`` when the run fails, before the app's own ``on_exception`` (this callback comes
+    first in ``--trainer.callbacks``): the other ranks, which failed alike, reach their message first."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if trainer.global_rank == 0:
+            time.sleep(self.seconds)

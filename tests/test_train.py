@@ -626,6 +626,28 @@ def test_ddp_two_cpu_processes(trained: dict, shapes_root: Path, tmp_path: Path,
     assert two["val_acc1"] == pytest.approx(trained["metrics"]["val_acc1"], abs=1e-6)
 
 
+@pytest.mark.slow
+def test_a_ddp_refusal_in_the_restore_is_said_once(
+    shapes_root: Path, tmp_path: Path, tiny_args, run_train, main
+) -> None:
+    """Both ranks refuse the checkpoint (other class names) in the restore. Rank 0 is held in its failure (SlowFailure)
+    so that rank 1 reaches its message first, as it did in some runs: the job said the refusal once per rank."""
+    first = main(["fit", *tiny_args(shapes_root, tmp_path / "first", trainer__max_steps=1)])
+    last = Path(first.trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
+    root = tmp_path / "renamed"
+    shutil.copytree(shapes_root, root)
+    for split in ("train", "val"):
+        (root / split / "circle").rename(root / split / "zz_circle")
+    args = tiny_args(root, tmp_path / "second", trainer__devices=2, trainer__strategy="ddp", trainer__max_steps=2)
+    done = run_train(
+        ["fit", *args, "--ckpt_path", str(last), *callbacks_arg(("SlowFailure", {"seconds": 3}))], cwd=tmp_path
+    )
+    assert done.returncode == 2, done.stderr[-4000:]
+    said = f"error: --ckpt_path {last} was trained with other class names: label 1 is 'circle' there and 'cross'"
+    assert done.stderr.count(said) == 1, done.stderr[-4000:]
+    assert "Traceback" not in done.stderr
+
+
 # --- GPU (python -m pytest -m gpu) -------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_gpu_fit_fp16_channels_last_with_workers(shapes_root: Path, tmp_path: Path, tiny_args, main) -> None:
