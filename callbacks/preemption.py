@@ -40,8 +40,10 @@ VMs) and then, after a grace period, SIGKILL; a person at a terminal presses Ctr
 **Before the first optimizer step** (a signal during start-up, the sanity check or the first accumulation window) a
 single process stops at the next batch's start, a sanity-check batch too, and saves nothing: nothing has trained, and
 a resumed run's checkpoint still holds it all, while the sanity check and a first step with its compile could outlast
-a scheduler's grace period. Under DDP the ranks agree on a stop only at step boundaries, so there the first step runs
-and is saved like any other.
+a scheduler's grace period. Under DDP the ranks agree on it at each training batch's start until the first optimizer
+step (a blocking exchange on the gloo group, which only the first step's micro-batches make), so they stop together
+before the first step; a signal during the sanity check stops them at the first training batch's start, a signal
+during the first step's last micro-batch at a step boundary, as any later one.
 
 **Exit status: 128 + signal number** (143 for SIGTERM, 130 for SIGINT), the shell convention for "ended by this
 signal", rather than 0. A preempted run has not finished, and whatever supervises it must be able to tell: a
@@ -184,7 +186,7 @@ class PreemptionHandler(Callback):
         self._owns_sigterm = False  # whether Lightning's SIGTERM notifier calls our handler instead
         self._stop_at_next_step = 0  # a signal agreed on at an epoch's last step: the stop waits for the epoch's end
         self._exit_pending = False  # saved and stopped: PreemptedExit once Lightning has logged the step
-        self._stepped = False  # this fit has taken an optimizer step (before one, one process stops unsaved)
+        self._stepped = False  # this fit has taken an optimizer step (before one, a stop saves nothing)
         self._timer: Timer | None = None  # Lightning's max_time timer, whose per-step broadcast this replaces (DDP)
         self._time_is_up = False  # this rank's timer ran out (the ranks agree on it with the signal flag)
 
@@ -313,7 +315,7 @@ class PreemptionHandler(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._stop_before_training(trainer)
+        self._stop_before_training(trainer, exchange=True)
         self._exit_if_stopped()
         self._step_before_batch = trainer.global_step
 
@@ -324,19 +326,37 @@ class PreemptionHandler(Callback):
         message = f"received {signal.Signals(self._signum).name}{what}"
         print(rank_prefixed_message(message, trainer.global_rank), file=sys.stderr, flush=True)
 
-    def _stop_before_training(self, trainer: pl.Trainer) -> None:
-        """A signal before this fit's first optimizer step, on one process: stop now, saving nothing. Nothing has
-        trained since the start (a resumed run's checkpoint still holds it all), and the sanity check and a first step
-        (minutes with a first compile) would only delay the stop past a scheduler's grace period. Under DDP the ranks
-        agree on a stop only at step boundaries, so there the first step runs and is saved."""
-        if not self._signum or self._stepped or self._exit_pending or trainer.world_size > 1:
+    def _stop_before_training(self, trainer: pl.Trainer, exchange: bool = False) -> None:
+        """A signal before this fit's first optimizer step: stop now, saving nothing. Nothing has trained since the
+        start (a resumed run's checkpoint still holds it all), and the sanity check and a first step (minutes with a
+        first compile) would only delay the stop past a scheduler's grace period.
+
+        One process stops at the next batch's start, a sanity-check batch's too. Under DDP the ranks agree first, at
+        the start of each training batch before the first optimizer step (``exchange``): a blocking exchange of the
+        signal flag on the gloo group, a few CPU collectives in all (one per micro-batch of the first step), where
+        nothing is queued on the GPU yet. Every rank runs the same training batches, so every rank exchanges alike
+        and stops at the same batch; not so the sanity check, whose validation shards are not padded (a rank may
+        check fewer batches), so a signal there stops the ranks at the first training batch's start.
+        """
+        if self._stepped or self._exit_pending:
             return
-        self._announce(
-            trainer,
-            " before the first training step: nothing trained in this run, nothing saved; stopping (exit status "
-            f"{128 + self._signum})",
-        )
-        self.exit_code = 128 + self._signum
+        signum = self._signum
+        if trainer.world_size > 1:
+            if not exchange or self._group is None:
+                return
+            flag = torch.tensor([signum], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)  # every rank: the same signal
+            signum = int(flag.item())  # a CPU tensor: no device sync
+        if not signum:
+            return
+        if self._signum:
+            self._announce(
+                trainer,
+                " before the first training step: nothing trained in this run, nothing saved; stopping (exit status "
+                f"{128 + signum})",
+            )
+        # A child rank of Lightning's own launcher exits 0 (see the module docstring): rank 0 has the job's status.
+        self.exit_code = 0 if _is_lightning_child(trainer) else 128 + signum
         raise PreemptedExit(self.exit_code)
 
     @override

@@ -663,6 +663,22 @@ def test_sigterm_to_one_ddp_rank_stops_both_at_the_same_step(runs) -> None:
 
 
 @pytest.mark.slow
+def test_sigterm_to_one_ddp_rank_before_the_first_step_stops_both_before_it_unsaved(runs) -> None:
+    # Rank 1 gets SIGTERM in on_train_start (start-up, a sanity check, a first compile): the ranks agree at the first
+    # batch's start and stop there, as one process does, rather than after the first step(s) with a checkpoint.
+    run = runs("ddp-early", "--devices", "2", "--signal-rank", "1")
+    assert run.wait(90) == 128 + signal.SIGTERM, run.output()[-4000:]
+    stops = run.wait_for("stop_rank0.json", "stop_rank1.json", timeout=1)
+    assert [stop["exception"] for stop in stops] == ["PreemptedExit", "PreemptedExit"]
+    assert [stop["step"] for stop in stops] == [0, 0]
+    assert [stop["code"] for stop in stops] == [128 + signal.SIGTERM, 0]  # rank 1: Lightning's launcher's child
+    assert not list(run.out.rglob("*.ckpt"))
+    output = run.output()
+    assert "[rank: 1] received SIGTERM before the first training step" in output
+    assert "[rank: 0] received" not in output
+
+
+@pytest.mark.slow
 def test_ddp_run_without_signal_finishes_with_status_0(runs) -> None:
     # The common path: the flag is exchanged every step, across an epoch end and its validation, and the last
     # exchange is waited for and the gloo group taken down at teardown.

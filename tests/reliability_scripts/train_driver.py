@@ -11,6 +11,7 @@ itself: no cleanup, like ``kill -9`` or the OOM killer) or ``hang``. Lightning's
 
 * ``ready_rank<r>.json`` once rank r has done ``--ready-step`` optimizer steps: ``{"pid", "step", "workers"}``
   (``workers``: the pids of its data loader workers);
+* with ``--signal-rank r``: rank r sends itself SIGTERM when training starts (before the first step);
 * ``dying_rank<r>.json`` just before rank r dies or hangs on purpose: ``{"time", "step"}``;
 * ``stop_rank<r>.json`` when fit ends with an exception: ``{"exception", "code", "step", "time"}``;
 * checkpoints under ``OUT/checkpoints``.
@@ -51,8 +52,11 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 class Probe(Callback):
     """Reports progress, dies or hangs on purpose, and records how fit ended (see the module docstring)."""
 
-    def __init__(self, out: Path, ready_step: int, die_rank: int, die_step: int, die_mode: str) -> None:
+    def __init__(
+        self, out: Path, ready_step: int, die_rank: int, die_step: int, die_mode: str, signal_rank: int = -1
+    ) -> None:
         self.out = out
+        self.signal_rank = signal_rank
         self.ready_step = ready_step
         self.die_rank = die_rank
         self.die_step = die_step
@@ -69,6 +73,8 @@ class Probe(Callback):
             time.sleep(3600)  # "hang": a rank stuck outside any collective, e.g. on a dead file system
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_rank == self.signal_rank:
+            os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's signal during start-up, before the first step
         # Counts the strategy's broadcasts made by Lightning's max_time timer (a blocking collective each, which it
         # made every step).
         self.timer_broadcasts = 0
@@ -124,6 +130,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=2000, help="a bound in case a stop never comes")
     parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
     parser.add_argument("--max-time", default=None, help="trainer.max_time, DD:HH:MM:SS")
+    parser.add_argument("--signal-rank", type=int, default=-1, help="this rank gets SIGTERM when training starts")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -151,7 +158,7 @@ def main() -> None:
             PreemptionHandler(),
             # Only the folder and the "last" naming matter here; no epoch-end files (90 MB each for resnet18).
             ModelCheckpoint(dirpath=out / "checkpoints", save_top_k=0, save_last=True),
-            Probe(out, args.ready_step, args.die_rank, args.die_step, args.die_mode),
+            Probe(out, args.ready_step, args.die_rank, args.die_step, args.die_mode, args.signal_rank),
         ],
         max_epochs=-1,
         max_steps=args.max_steps,
