@@ -49,6 +49,7 @@ class ReadableErrorsParser(LightningArgumentParser):
         message = _name_the_config_file(message, self._given or [], cwd)
         message = _name_the_file_that_is_no_mapping(message, self._given or [], cwd)
         message = _union_in_one_line(message)
+        message = _single_type_in_one_line(message)
         hints = _suggestion(message, parser, self._given or [], cwd) + _precision_hint(message)
         hints += _num_classes_hint(message) + _apex_flag_hint(message)
         hints += _subcommand_first_hint(message) + _config_file_hint(message, self._given or [], cwd)
@@ -229,16 +230,34 @@ def _union_in_one_line(message: str) -> str:
         return message
     if found.group(1) == 'Parser key "trainer.precision"':  # Lightning's many spellings: _precision_hint lists them
         return f"{found.group(1)}: {found.group(3)!r} is not a precision Lightning takes"
-    takes = []
-    for subtype in re.split(r",\s*(?![^\[]*\])", found.group(2).strip()):
-        literal = re.fullmatch(r"typing\.Literal\[(.*)\]", subtype)
-        if literal:
-            takes.append(f"one of {literal.group(1)}")
-        elif subtype in _PLAIN_TYPES:
-            takes.append(_PLAIN_TYPES[subtype])
-        else:
-            return message
+    takes = [_what_it_takes(subtype) for subtype in re.split(r",\s*(?![^\[]*\])", found.group(2).strip())]
+    if None in takes:
+        return message
     expected = ", ".join(takes[:-1]) + f" or {takes[-1]}" if len(takes) > 1 else takes[0]
+    return f"{found.group(1)}: {found.group(3)!r} is not {expected}"
+
+
+def _what_it_takes(subtype: str) -> str | None:
+    """What one of jsonargparse's type spellings takes, in words (``typing.Literal['cpu', 'gpu']``: one of 'cpu',
+    'gpu'); None for a type not spelt out here."""
+    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", subtype)
+    if literal:
+        return f"one of {literal.group(1)}"
+    return _PLAIN_TYPES.get(subtype)
+
+
+#: jsonargparse's two lines for a value that a key of one type does not take (``--data.decode gpuu``).
+_SINGLE_TYPE = re.compile(r'^(Parser key "[\w.]+"):\n\s*Expected a (.*)\. Got value: (.*)$')
+
+
+def _single_type_in_one_line(message: str) -> str:
+    """jsonargparse's ``Expected a typing.Literal['cpu', 'gpu']. Got value: gpuu`` under the key, for a key of one
+    type (``data.decode``, ``data.batch_size``), as one line in the words of :func:`_union_in_one_line`: ``'gpuu'
+    is not one of 'cpu', 'gpu'``. Other types keep jsonargparse's message."""
+    found = _SINGLE_TYPE.match(message)
+    expected = _what_it_takes(found.group(2)) if found else None
+    if found is None or expected is None:
+        return message
     return f"{found.group(1)}: {found.group(3)!r} is not {expected}"
 
 

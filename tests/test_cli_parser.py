@@ -212,6 +212,10 @@ def test_a_wrong_precision_is_told_the_valid_values(capsys, monkeypatch) -> None
         (["--trainer.limit_val_batches", "abc"], "limit_val_batches\": 'abc' is not an int, a float or null"),
         (["--model.compile", "3"], "compile\": '3' is not one of 'default', 'reduce-overhead', 'max-autotune', "
                                    "'max-autotune-no-cudagraphs' or null"),
+        # A key of one type: jsonargparse's two lines, the first without the value ("Expected a typing.Literal[...]").
+        (["--data.decode", "gpuu"], "decode\": 'gpuu' is not one of 'cpu', 'gpu'"),
+        (["--data.batch_size", "abc"], "batch_size\": 'abc' is not an int"),
+        (["--model.channels_last", "maybe"], "channels_last\": 'maybe' is not true/false"),
     ],
 )  # fmt: skip
 def test_a_value_of_none_of_a_keys_types_is_said_in_one_line(args, said, capsys, monkeypatch) -> None:
@@ -219,7 +223,7 @@ def test_a_value_of_none_of_a_keys_types_is_said_in_one_line(args, said, capsys,
     line) as one line: the value and what the key takes."""
     err = error_of(["fit", "--config", QUICKSTART, *args], capsys, monkeypatch)
     (line,) = [line for line in err.splitlines() if line.startswith("error:")]
-    assert said in line and "Subtypes" not in err and "Given value" not in err
+    assert said in line and "Subtypes" not in err and "Given value" not in err and "Expected a" not in err
 
 
 def test_the_class_count_set_on_the_model_says_where_it_comes_from(capsys, monkeypatch) -> None:
