@@ -174,7 +174,12 @@ def _check_training_options(config: Any) -> None:
     max_time = trainer.get("max_time")
     if max_time is not None:
         limit = max_time_seconds(max_time)
-        if limit is not None and limit <= 0:
+        if limit is None:  # Lightning's own words named neither the key nor, for a dict, what it takes
+            raise ConfigError(
+                f"trainer.max_time {max_time!r} is not a duration: give DD:HH:MM:SS (e.g. 00:12:00:00) or a mapping "
+                "of days, hours, minutes, seconds ({hours: 12})"
+            )
+        if limit <= 0:
             raise ConfigError(
                 f"trainer.max_time must be more than 0 (DD:HH:MM:SS, or {{minutes: N}}), got {max_time}: nothing "
                 "would train"
@@ -207,7 +212,7 @@ def _check_training_options(config: Any) -> None:
 
 def max_time_seconds(max_time: Any) -> float | None:
     """``trainer.max_time`` (``DD:HH:MM:SS``, a dict of timedelta's keys, a timedelta) in seconds, as Lightning's Timer
-    reads it; ``None`` for a value it refuses (Lightning says what is wrong with it when it builds the trainer)."""
+    reads it; ``None`` for a value it refuses."""
     try:
         return Timer(duration=max_time)._duration
     except (MisconfigurationException, TypeError, ValueError):

@@ -109,6 +109,9 @@ def test_a_generated_data_root_of_other_files_is_refused_before_it_starts(
      (["--trainer.check_val_every_n_epoch", "0"], "trainer.check_val_every_n_epoch must be >= 1"),
      (["--trainer.max_time", "00:00:00:00"], "trainer.max_time must be more than 0"),
      (["--trainer.max_time", "{minutes: -5}"], "trainer.max_time must be more than 0"),
+     # Lightning's Timer: "trainer: 'minuts' is an invalid keyword argument for __new__()", naming no key.
+     (["--trainer.max_time", "{minuts: 5}"], "trainer.max_time {'minuts': 5} is not a duration: give DD:HH:MM:SS"),
+     (["--trainer.max_time", "0"], "trainer.max_time '0' is not a duration"),
      # A format a metric's float cannot take failed at the first save, after an epoch and its validation.
      (["--checkpoint.filename", "best-{val_acc1:03d}"],
       "checkpoint.filename 'best-{val_acc1:03d}': {val_acc1:03d} cannot format a float"),
