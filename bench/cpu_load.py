@@ -116,14 +116,17 @@ def short(text: str, width: int = 60) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if "--" not in args:
-        sys.exit("usage: cpu_load.py [--interval S] [--skip S] [--top N] [--json FILE] -- COMMAND ...")
-    split = args.index("--")
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    usage = "cpu_load.py [--interval S] [--skip S] [--top N] [--json FILE] -- COMMAND ..."
+    p = argparse.ArgumentParser(usage=usage, description=__doc__.split("\n")[0])
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     p.add_argument("--skip", type=float, default=20.0, help="seconds after the start before the window opens")
     p.add_argument("--top", type=int, default=15, help="threads to list")
     p.add_argument("--json", help="also write the figures to this file")
+    if "--" not in args:
+        if "-h" in args or "--help" in args:
+            p.parse_args(["--help"])  # prints the help and exits 0
+        sys.exit(f"usage: {usage}")
+    split = args.index("--")
     a = p.parse_args(args[:split])
     command = args[split + 1 :]
     if not command or a.interval <= 0 or a.skip < 0:

@@ -82,6 +82,13 @@ def test_usage_errors():
         assert run.returncode != 0 and "cpu_load.py" in run.stderr
 
 
+def test_help_prints_the_options_and_exits_0():
+    # It printed the one-line usage and exited 1: without "--" no option was parsed, --help included.
+    for args in (["--help"], ["-h"], ["--help", "--", "true"]):
+        run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=30)
+        assert run.returncode == 0 and "--interval" in run.stdout and "seconds between samples" in run.stdout
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_sigterm_is_passed_on_and_the_report_still_printed():
     """``timeout`` ends a stage with SIGTERM: the command gets it, and what was sampled is still reported."""
