@@ -10,6 +10,7 @@ values under jsonargparse's dump of the type. :func:`tidy_console` keeps the out
 from __future__ import annotations
 
 import difflib
+import importlib
 import logging
 import os
 import re
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 import yaml
+from jsonargparse import ArgumentParser
 from pytorch_lightning.cli import LightningArgumentParser
 
 from cli_names import SUBCOMMANDS
@@ -50,6 +52,7 @@ class ReadableErrorsParser(LightningArgumentParser):
         message = _name_the_file_that_is_no_mapping(message, self._given or [], cwd)
         message = _union_in_one_line(message)
         message = _single_type_in_one_line(message)
+        message = _class_option_in_one_line(message)
         hints = _suggestion(message, parser, self._given or [], cwd) + _precision_hint(message)
         hints += _num_classes_hint(message) + _apex_flag_hint(message)
         hints += _subcommand_first_hint(message) + _config_file_hint(message, self._given or [], cwd)
@@ -259,6 +262,37 @@ def _single_type_in_one_line(message: str) -> str:
     if found is None or expected is None:
         return message
     return f"{found.group(1)}: {found.group(3)!r} is not {expected}"
+
+
+#: jsonargparse's dump for an option a class does not take (``--trainer.logger.init_args.versoin 0``): the union's
+#: subtypes and their errors, among them the class's.
+_CLASS_OPTION = re.compile(
+    r'^(Parser key "([\w.]+)"):\n\s*Does not validate against any of the Union subtypes\n(?:.*\n)*?'
+    r"\s*- Problem with given class_path '([\w.]+)':\n\s*Option '([\w.]+)' is not accepted\n"
+)
+
+
+def _class_option_in_one_line(message: str) -> str:
+    """jsonargparse's twelve-line dump for a mistyped option of a class given by its ``class_path`` (the logger's
+    ``init_args.versoin``, ``--trainer.strategy.gradient_as_bucket_veiw``) as one line: the class, the option, and
+    the closest option it takes (else all of them)."""
+    found = _CLASS_OPTION.match(message)
+    if found is None:
+        return message
+    key, class_path, name = found.group(2), found.group(3), found.group(4)
+    try:
+        module, _, attribute = class_path.rpartition(".")
+        parser = ArgumentParser()
+        parser.add_class_arguments(getattr(importlib.import_module(module), attribute), fail_untyped=False)
+    except Exception:  # the dump, as it was, rather than an error inside the error
+        return message
+    options = sorted(
+        {o[2:] for a in parser._actions for o in a.option_strings if o.startswith("--") and o[2:].isidentifier()}
+        - {"help"}
+    )
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)
+    hint = f"did you mean --{key}.init_args.{close[0]}?" if close else f"it takes: {', '.join(options)}"
+    return f"{found.group(1)}: {class_path} takes no option '{name}'; {hint}"
 
 
 def _precision_hint(message: str) -> str:

@@ -226,6 +226,24 @@ def test_a_value_of_none_of_a_keys_types_is_said_in_one_line(args, said, capsys,
     assert said in line and "Subtypes" not in err and "Given value" not in err and "Expected a" not in err
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [(["--trainer.logger.init_args.versoin", "0"],
+      'error: Parser key "trainer.logger": run_logger.RunLogger takes no option \'versoin\'; did you mean '
+      "--trainer.logger.init_args.version?"),
+     (["--trainer.strategy", "DDPStrategy", "--trainer.strategy.gradient_as_bucket_veiw", "true"],
+      "DDPStrategy takes no option 'gradient_as_bucket_veiw'; did you mean "
+      "--trainer.strategy.init_args.gradient_as_bucket_view?"),
+     (["--trainer.logger.init_args.zzz", "0"],
+      "takes no option 'zzz'; it takes: flush_logs_every_n_steps, name, prefix, save_dir, version")],
+)  # fmt: skip
+def test_a_mistyped_option_of_a_class_is_one_line_with_the_option_meant(args, said, capsys, monkeypatch) -> None:
+    """jsonargparse's twelve-line dump of the union's subtypes, with no guess, as one line: the class, the option and
+    the closest option the class takes (DDP's own, which DDPStrategy passes on, among them)."""
+    err = error_of(["fit", "--config", QUICKSTART, *args], capsys, monkeypatch)
+    assert said in err.splitlines()[-1] and "Subtypes" not in err and "Given value" not in err
+
+
 def test_the_class_count_set_on_the_model_says_where_it_comes_from(capsys, monkeypatch) -> None:
     # The parser's own message sent to data.num_classes, which is no option.
     err = error_of(["fit", "--config", QUICKSTART, "--model.num_classes", "5"], capsys, monkeypatch)
