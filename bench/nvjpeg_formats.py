@@ -48,7 +48,7 @@ UPSAMPLING = ("nearest", "bilinear")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--data", required=True, help="JPEG folder: DIR/train/<class>/*.JPEG (bench/make_jpeg_folder.py)")
     p.add_argument("--count", type=int, default=128, help="JPEGs per call")
     p.add_argument("--calls", type=int, default=10, help="timed calls per format (after three untimed)")

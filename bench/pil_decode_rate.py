@@ -109,7 +109,7 @@ def _pixels(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--data", nargs="+", type=Path, required=True, help="ImageNet-layout folders; the first is the base")
     p.add_argument("--images", type=int, default=400, help="training files sampled (default 400)")
     p.add_argument("--repeats", type=int, default=3, help="passes over the sample; the best one counts (default 3)")

@@ -4,6 +4,7 @@ nvjpeg_formats.py's checks and buffer layout, crop_kernel_time.py's table (the a
 
 from __future__ import annotations
 
+import ast
 import copy
 import itertools
 import re
@@ -37,6 +38,18 @@ def pil_decode_rate(bench_script, monkeypatch):
 @pytest.fixture(scope="module")
 def make_jpeg_folder(bench_script):
     return bench_script("make_jpeg_folder")
+
+
+def test_a_help_description_taken_from_a_docstrings_first_line_is_a_whole_sentence() -> None:
+    # pil_decode_rate.py --help ended "...: the app's loader and training", nvjpeg_formats.py's "the kernels it runs
+    # on the SMs": their first sentence goes on on the docstring's next line.
+    cut = [
+        script.name
+        for script in sorted((ROOT / "bench").glob("*.py")) + [ROOT / "step_report.py", ROOT / "resize_dataset.py"]
+        if 'description=__doc__.split("\\n")[0]' in script.read_text()
+        and not ast.get_docstring(ast.parse(script.read_text())).split("\n")[0].endswith(".")
+    ]
+    assert cut == []
 
 
 # StepClock (bench/step_clock.py), through host_overhead.py, which times Lightning with it.
