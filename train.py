@@ -294,5 +294,10 @@ if __name__ == "__main__":
         main()
     except BadImageError as error:
         # One line, exit 1: the traceback through Lightning's loops and the loader says nothing the message does not
-        # (a save at the step reached was said above it).
+        # (a save at the step reached was said above it). Lightning leaves its progress bars open when an error ends
+        # the run: closed first, so that the line starts a line of its own, not the end of the bar's.
+        from tqdm import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):
+            bar.close()
         sys.exit(f"train.py: error: {bad_image_line(error)}")

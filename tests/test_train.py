@@ -1046,18 +1046,22 @@ def test_two_deterministic_runs_give_bitwise_identical_losses(shapes_root: Path,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("workers", "policy"), [(0, "error"), (1, "error"), (1, "skip")])
+@pytest.mark.parametrize(
+    ("workers", "policy", "bar"), [(0, "error", False), (1, "error", False), (1, "skip", False), (1, "error", True)]
+)
 def test_a_bad_image_ends_python_train_py_with_one_error_line(
-    workers: int, policy: str, shapes_root: Path, tmp_path: Path, tiny_args, run_train
+    workers: int, policy: str, bar: bool, shapes_root: Path, tmp_path: Path, tiny_args, run_train
 ) -> None:
-    # Before: a 76-line traceback through Lightning's loops and the loader (a worker's, quoted, inside it).
+    # Before: a 76-line traceback through Lightning's loops and the loader (a worker's, quoted, inside it). With the
+    # progress bar on (the default), the line then went on from the bar's open one on a terminal (the bar is on
+    # stdout): "Epoch 0:   0%|   | 0/15 [00:00<?, ?it/s]train.py: error: bad image ...".
     root = tmp_path / "data"
     shutil.copytree(shapes_root, root)
     bad = sorted((root / "train").rglob("*.JPEG"))
     for path in bad:  # every training file: the first batch has one, whatever the order
         path.write_bytes(b"not a JPEG")
     args = tiny_args(root, tmp_path / "run", data__workers=workers, data__on_bad_image=policy,
-                     trainer__limit_val_batches=0)  # fmt: skip
+                     trainer__limit_val_batches=0, trainer__enable_progress_bar=str(bar).lower())  # fmt: skip
     result = run_train(["fit", *args], cwd=tmp_path, timeout=150)
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
@@ -1067,3 +1071,5 @@ def test_a_bad_image_ends_python_train_py_with_one_error_line(
     else:  # skip gives up on a run of bad files
         assert re.fullmatch(r"train\.py: error: \d+ bad images in a row from index \d+ on \(.+", last), last
     assert "Traceback" not in result.stderr and "Caught BadImageError" not in result.stderr
+    if bar:
+        assert "Epoch 0:" in result.stdout and result.stdout.endswith("\n"), result.stdout[-200:]
