@@ -563,7 +563,7 @@ def _resume(args: argparse.Namespace, translation: Translation, arch_typed: bool
         )
     best = "" if legacy.best_prec1 is None else f", best Prec@1 {legacy.best_prec1:.3f}"
     notes.append(
-        f"--resume {path} (main_amp.py checkpoint: {legacy.arch or 'arch not recorded'}, {legacy.epoch} epochs done"
+        f"--resume {path} (main_amp.py checkpoint: {legacy.arch or 'arch not recorded'}, {legacy.epochs_done}"
         f"{best}) -> converted to {converted}, used as --ckpt_path"
         + (
             "; the run continues at that epoch, its checkpoints go to the run folder as last.ckpt/best-*.ckpt "

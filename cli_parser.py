@@ -54,7 +54,7 @@ class ReadableErrorsParser(LightningArgumentParser):
         message = _single_type_in_one_line(message)
         message = _class_option_in_one_line(message)
         hints = _suggestion(message, parser, self._given or [], cwd) + _precision_hint(message)
-        hints += _num_classes_hint(message) + _apex_flag_hint(message)
+        hints += _num_classes_hint(message) + _apex_flag_hint(message) + _optimizer_hint(message)
         hints += _subcommand_first_hint(message) + _config_file_hint(message, self._given or [], cwd)
         super().error(message + hints + _empty_section_hint(message), ex)
 
@@ -129,11 +129,31 @@ def _apex_flag_hint(message: str) -> str:
     )
 
 
+#: LightningCLI's own options that this application leaves out (``ImageNetCLI`` adds neither).
+_RECIPE_OPTIONS = ("--optimizer", "--lr_scheduler")
+
+
+def _optimizer_hint(message: str) -> str:
+    """``--optimizer SGD`` / ``--lr_scheduler StepLR`` (LightningCLI's own, left out here): why, and the keys of the
+    module's recipe that take their place."""
+    found = _UNRECOGNIZED.search(message)
+    if found is None or found.group(1).split("=", 1)[0].split(".", 1)[0] not in _RECIPE_OPTIONS:
+        return ""
+    return (
+        "; the optimizer and its schedule are the module's recipe (SGD, the rate scaled to the global batch, warmup): "
+        "set them with --model.lr, --model.momentum, --model.weight_decay, --model.lr_schedule (step or cosine), "
+        "--model.lr_milestones, --model.lr_gamma and --model.warmup_epochs (LightningCLI's --optimizer would replace "
+        "it without warmup or scaling, and its --lr_scheduler would be ignored)"
+    )
+
+
 def _suggestion(message: str, parser: Any, given: list[str], cwd: str) -> str:
     """``; did you mean --model.arch?`` (and where an unknown key came from) for an unknown option in ``message``."""
     found = _UNRECOGNIZED.search(message) or _NOT_ACCEPTED.search(message)
     if found is None:
         return ""
+    if _optimizer_hint(message):
+        return ""  # (--lr_scheduler is close to --model.lr_schedule, which takes other values: the hint says them)
     name = found.group(1).lstrip("-")
     options = sorted({o.lstrip("-") for action in parser._actions for o in action.option_strings if "." in o})
     close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)

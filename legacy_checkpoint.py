@@ -95,6 +95,11 @@ class LegacyCheckpoint:
     optimizer: dict[str, Any] | None
     amp_state: bool = False
 
+    @property
+    def epochs_done(self) -> str:
+        """``1 epoch done``, ``3 epochs done``: the finished epochs as the app's messages say them."""
+        return f"{self.epoch} epoch{'' if self.epoch == 1 else 's'} done"
+
 
 # --- reading --------------------------------------------------------------------------------------------
 def _torch_load(path: Path, lazy: bool = False) -> Any:

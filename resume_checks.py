@@ -237,9 +237,7 @@ def _refuse_main_amp(ckpt_path: str, subcommand: str) -> None:
     except legacy_checkpoint.CheckpointConversionError as error:
         raise ConfigError(f"--ckpt_path {error}") from error
     arch = legacy.arch or "ARCH"
-    what = (
-        f"--ckpt_path {ckpt_path} is a main_amp.py checkpoint ({arch}, {legacy.epoch} epochs done), not a Lightning one"
-    )
+    what = f"--ckpt_path {ckpt_path} is a main_amp.py checkpoint ({arch}, {legacy.epochs_done}), not a Lightning one"
     if subcommand in ("validate", "test"):
         raise ConfigError(
             f"{what}; evaluate it with main_amp.py's flags, as its -e did: python train.py -e -a {arch} --resume "

@@ -575,6 +575,12 @@ def cpu_run(argv: list[str]) -> train.ImageNetCLI:
     return train.main(apex_compat.migrate(argv, environ={}))
 
 
+@pytest.mark.parametrize(("epoch", "said"), [(0, "0 epochs done"), (1, "1 epoch done"), (3, "3 epochs done")])
+def test_a_main_amp_checkpoints_finished_epochs_are_said_in_words(tmp_path: Path, epoch: int, said: str) -> None:
+    write_legacy(tmp_path / "checkpoint.pth.tar", arch="resnet18", epoch=epoch)
+    assert legacy_checkpoint.load_legacy(tmp_path / "checkpoint.pth.tar", lazy=True).epochs_done == said
+
+
 def test_is_legacy_checkpoint(tmp_path: Path) -> None:
     write_legacy(tmp_path / "checkpoint.pth.tar")
     assert legacy_checkpoint.is_legacy_checkpoint(tmp_path / "checkpoint.pth.tar")
