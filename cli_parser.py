@@ -52,7 +52,11 @@ class ReadableErrorsParser(LightningArgumentParser):
         message = _name_the_file_that_is_no_mapping(message, self._given or [], cwd)
         message = _union_in_one_line(message)
         message = _single_type_in_one_line(message)
-        message = _class_option_in_one_line(message)
+        if self.exit_on_error:
+            # The message the user reads. A class's own parser inside a parse (exit_on_error False) names its keys
+            # relative to the class: its hint would be no option of the command line, and its dump is left whole for
+            # the outer message, which lists it.
+            message = _class_option_in_one_line(message)
         hints = _suggestion(message, parser, self._given or [], cwd) + _precision_hint(message)
         hints += _num_classes_hint(message) + _apex_flag_hint(message) + _optimizer_hint(message)
         hints += _subcommand_first_hint(message) + _config_file_hint(message, self._given or [], cwd)
@@ -285,10 +289,12 @@ def _single_type_in_one_line(message: str) -> str:
 
 
 #: jsonargparse's dump for an option a class does not take (``--trainer.logger.init_args.versoin 0``): the union's
-#: subtypes and their errors, among them the class's.
+#: subtypes and their errors, among them the class's. Only the key's own subtypes (the first level of the dump, by
+#: its indentation): an option refused by a class nested in one (``--trainer.strategy.init_args.cluster_environment.
+#: init_args.X``) is no option of the key's class.
 _CLASS_OPTION = re.compile(
-    r'^(Parser key "([\w.]+)"):\n\s*Does not validate against any of the Union subtypes\n(?:.*\n)*?'
-    r"\s*- Problem with given class_path '([\w.]+)':\n\s*Option '([\w.]+)' is not accepted\n"
+    r'^(Parser key "([\w.]+)"):\n  Does not validate against any of the Union subtypes\n(?:  .*\n)*?'
+    r"    - Problem with given class_path '([\w.]+)':\n        Option '([\w.]+)' is not accepted\n"
 )
 
 

@@ -244,6 +244,17 @@ def test_a_mistyped_option_of_a_class_is_one_line_with_the_option_meant(args, sa
     assert said in err.splitlines()[-1] and "Subtypes" not in err and "Given value" not in err
 
 
+def test_a_mistyped_option_of_a_class_inside_a_class_is_named_by_no_wrong_option(capsys, monkeypatch) -> None:
+    # The cluster environment's option: the dump's nested class parser said "did you mean
+    # --cluster_environment.init_args.auto_requeue?", and read from the outer dump the hint was DDPStrategy's option
+    # --trainer.strategy.init_args.auto_requeue; neither is an option of the command line.
+    args = ["--trainer.strategy", "DDPStrategy", "--trainer.strategy.init_args.cluster_environment", "SLURMEnvironment",
+            "--trainer.strategy.init_args.cluster_environment.init_args.auto_requeu", "false"]  # fmt: skip
+    err = error_of(["fit", "--config", QUICKSTART, *args], capsys, monkeypatch)
+    assert "auto_requeu" in err
+    assert "did you mean --cluster_environment" not in err and "--trainer.strategy.init_args.auto_requeue" not in err
+
+
 def test_the_class_count_set_on_the_model_says_where_it_comes_from(capsys, monkeypatch) -> None:
     # The parser's own message sent to data.num_classes, which is no option.
     err = error_of(["fit", "--config", QUICKSTART, "--model.num_classes", "5"], capsys, monkeypatch)
