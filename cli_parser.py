@@ -317,7 +317,10 @@ def _class_option_in_one_line(message: str) -> str:
         - {"help"}
     )
     close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)
-    hint = f"did you mean --{key}.init_args.{close[0]}?" if close else f"it takes: {', '.join(options)}"
+    if close:
+        hint = f"did you mean --{key}.init_args.{close[0]}?"
+    else:
+        hint = f"it takes: {', '.join(options)}" if options else "it takes no options"
     return f"{found.group(1)}: {class_path} takes no option '{name}'; {hint}"
 
 

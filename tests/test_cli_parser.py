@@ -235,7 +235,10 @@ def test_a_value_of_none_of_a_keys_types_is_said_in_one_line(args, said, capsys,
       "DDPStrategy takes no option 'gradient_as_bucket_veiw'; did you mean "
       "--trainer.strategy.init_args.gradient_as_bucket_view?"),
      (["--trainer.logger.init_args.zzz", "0"],
-      "takes no option 'zzz'; it takes: flush_logs_every_n_steps, name, prefix, save_dir, version")],
+      "takes no option 'zzz'; it takes: flush_logs_every_n_steps, name, prefix, save_dir, version"),
+     # A class of no options: the line ended "it takes: " and nothing.
+     (["--trainer.callbacks+=pytorch_lightning.callbacks.Callback", "--trainer.callbacks.init_args.foo", "1"],
+      "pytorch_lightning.callbacks.Callback takes no option 'foo'; it takes no options")],
 )  # fmt: skip
 def test_a_mistyped_option_of_a_class_is_one_line_with_the_option_meant(args, said, capsys, monkeypatch) -> None:
     """jsonargparse's twelve-line dump of the union's subtypes, with no guess, as one line: the class, the option and
