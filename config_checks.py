@@ -215,7 +215,7 @@ def max_time_seconds(max_time: Any) -> float | None:
     reads it; ``None`` for a value it refuses."""
     try:
         return Timer(duration=max_time)._duration
-    except (MisconfigurationException, TypeError, ValueError):
+    except (MisconfigurationException, TypeError, ValueError, OverflowError):  # Overflow: days past timedelta's
         return None
 
 

@@ -112,6 +112,8 @@ def test_a_generated_data_root_of_other_files_is_refused_before_it_starts(
      # Lightning's Timer: "trainer: 'minuts' is an invalid keyword argument for __new__()", naming no key.
      (["--trainer.max_time", "{minuts: 5}"], "trainer.max_time {'minuts': 5} is not a duration: give DD:HH:MM:SS"),
      (["--trainer.max_time", "0"], "trainer.max_time '0' is not a duration"),
+     # More days than a timedelta holds: an OverflowError's traceback from the Timer.
+     (["--trainer.max_time", "9999999999:00:00:00"], "trainer.max_time '9999999999:00:00:00' is not a duration"),
      # A format a metric's float cannot take failed at the first save, after an epoch and its validation.
      (["--checkpoint.filename", "best-{val_acc1:03d}"],
       "checkpoint.filename 'best-{val_acc1:03d}': {val_acc1:03d} cannot format a float"),
