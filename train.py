@@ -289,6 +289,16 @@ def main(argv: list[str] | None = None) -> ImageNetCLI:
     return ImageNetCLI(ImageNetClassifier, ImageNetDataModule, args=None if argv is None else args, **CLI_SETTINGS)
 
 
+def close_progress_bars() -> None:
+    """Closes the progress bars an error left open, the innermost (highest position) first. A validation bar closed
+    after the main bar clears its line and moves the cursor back up to the column its blanks reached, so the next line
+    would start there, not at the line's start."""
+    from tqdm import tqdm
+
+    for bar in sorted(getattr(tqdm, "_instances", ()), key=lambda bar: -abs(getattr(bar, "pos", 0) or 0)):
+        bar.close()
+
+
 if __name__ == "__main__":
     try:
         main()
@@ -296,8 +306,5 @@ if __name__ == "__main__":
         # One line, exit 1: the traceback through Lightning's loops and the loader says nothing the message does not
         # (a save at the step reached was said above it). Lightning leaves its progress bars open when an error ends
         # the run: closed first, so that the line starts a line of its own, not the end of the bar's.
-        from tqdm import tqdm
-
-        for bar in list(getattr(tqdm, "_instances", ())):
-            bar.close()
+        close_progress_bars()
         sys.exit(f"train.py: error: {bad_image_line(error)}")

@@ -4,6 +4,7 @@ validate/test, DDP on two CPU processes, precision."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import math
@@ -1073,3 +1074,19 @@ def test_a_bad_image_ends_python_train_py_with_one_error_line(
     assert "Traceback" not in result.stderr and "Caught BadImageError" not in result.stderr
     if bar:
         assert "Epoch 0:" in result.stdout and result.stdout.endswith("\n"), result.stdout[-200:]
+
+
+def test_the_progress_bars_an_error_left_open_close_so_that_the_next_line_starts_its_own(monkeypatch) -> None:
+    # A bad validation image with the bars on: the main bar (position 0) and the validation bar (position 1, not
+    # left). Closed in the main, validation order (as the set of bars may give them), the validation bar's clear
+    # ended on "\x1b[A" with the cursor mid-line, where "train.py: error: ..." then began.
+    from tqdm import tqdm
+
+    out = io.StringIO()
+    main_bar = tqdm(total=10, desc="Epoch 0", position=0, leave=True, file=out)
+    main_bar.update(3)
+    validation = tqdm(total=5, desc="Validation", position=1, leave=False, file=out)
+    validation.update(2)
+    monkeypatch.setattr(tqdm, "_instances", [main_bar, validation])
+    train.close_progress_bars()
+    assert out.getvalue().endswith("\n") and "Epoch 0:  30%" in out.getvalue().splitlines()[-1]
