@@ -57,8 +57,10 @@ class ReadableErrorsParser(LightningArgumentParser):
             # relative to the class: its hint would be no option of the command line, and its dump is left whole for
             # the outer message, which lists it.
             message = _class_option_in_one_line(message)
-        hints = _suggestion(message, parser, self._given or [], cwd) + _precision_hint(message)
-        hints += _num_classes_hint(message) + _apex_flag_hint(message) + _optimizer_hint(message)
+        # --lr_scheduler is close to --model.lr_schedule, which takes other values: the recipe's hint says them.
+        recipe = _optimizer_hint(message)
+        hints = ("" if recipe else _suggestion(message, parser, self._given or [], cwd)) + _precision_hint(message)
+        hints += _num_classes_hint(message) + _apex_flag_hint(message) + recipe
         hints += _subcommand_first_hint(message) + _config_file_hint(message, self._given or [], cwd)
         super().error(message + hints + _empty_section_hint(message), ex)
 
@@ -156,8 +158,6 @@ def _suggestion(message: str, parser: Any, given: list[str], cwd: str) -> str:
     found = _UNRECOGNIZED.search(message) or _NOT_ACCEPTED.search(message)
     if found is None:
         return ""
-    if _optimizer_hint(message):
-        return ""  # (--lr_scheduler is close to --model.lr_schedule, which takes other values: the hint says them)
     name = found.group(1).lstrip("-")
     options = sorted({o.lstrip("-") for action in parser._actions for o in action.option_strings if "." in o})
     close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)
